@@ -1,0 +1,73 @@
+"""The ClientApp: thin handlers that decode, call a pure function, encode. Routing by message type.
+
+``train.gswgan`` answers one GS-WGAN query; ``query.ledger`` returns the client's own privacy
+ledger (the authority on what it has spent). The first query a node receives carries the run's
+configuration and the directory for its state (``setup``); the node keeps both in
+``context.state`` so later messages stay small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from common.config import ExperimentConfig
+
+from .discriminator import answer_query
+from .flower_wire import decode_query, decode_records, encode_answer, encode_records
+from .state import load_state, save_state
+
+STATE_KEY = "fedgan"
+app = ClientApp()
+
+
+def client_id_of(context: Context) -> int:
+    """The partition this node holds (``partition-id`` in the node config, as Flower sets it)."""
+    return int(context.node_config.get("partition-id", context.node_id))
+
+
+def _run_record(context: Context, setup: dict | None) -> ConfigRecord:
+    if setup is not None:
+        record = ConfigRecord({"config": setup["config"], "state_dir": setup["state_dir"],
+                               "version": int(context.state[STATE_KEY]["version"])
+                               if STATE_KEY in context.state else 0})
+        context.state[STATE_KEY] = record
+    if STATE_KEY not in context.state:
+        raise RuntimeError("this node received a query before its setup; the server must send "
+                           "the run configuration with the first query to each node")
+    return context.state.config_records[STATE_KEY]
+
+
+def _config(record: ConfigRecord) -> ExperimentConfig:
+    return ExperimentConfig.from_mapping(json.loads(str(record["config"])))
+
+
+@app.train("gswgan")
+def handle_gswgan(message: Message, context: Context) -> Message:
+    query, setup = decode_query(message.content)
+    record = _run_record(context, setup)
+    cfg = _config(record)
+    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+    state = load_state(cfg, client_id_of(context), str(record["state_dir"]), int(record["version"]))
+    answer = answer_query(state, cfg, query)
+    if not answer.refused:
+        save_state(state, str(record["state_dir"]))
+        record["version"] = state.version
+    return Message(encode_answer(answer), reply_to=message)
+
+
+@app.query("ledger")
+def handle_ledger(message: Message, context: Context) -> Message:
+    """Return this client's ledger (JSON) so the server can write privacy.json from the authority."""
+    _, scalars = decode_records(message.content)
+    record = _run_record(context, scalars if "config" in scalars else None)
+    cfg = _config(record)
+    cid = client_id_of(context)
+    state = load_state(cfg, cid, str(record["state_dir"]), int(record["version"]))
+    content = encode_records({}, {"client_id": cid, "ledger": json.dumps(state.ledger.state_dict())})
+    return Message(content, reply_to=message)
+

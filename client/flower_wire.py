@@ -1,0 +1,116 @@
+"""Flower adapter of the codec: payloads <-> RecordDict, and exact byte counting of Flower messages.
+
+Shared by the ServerApp and the ClientApp (``common/`` may not import flwr). Byte counting
+reproduces what Flower 1.41's HTTP runtime sends for a message: the message proto without content
+(the envelope, with the 64-hex-digit object id as message id, as the deployment runtime sets it),
+its object tree, and every nested object (records, arrays, array chunks) as ``deflate()`` returns
+it. The simulation never serializes, so this is computed rather than observed there; the deployment
+issue cross-checks it against the SuperLink's own counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app.message import remove_content_from_message
+from flwr.common.serde import message_to_proto
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+from common.codec import GsAnswer, GsQuery, PayloadError
+
+ARRAYS_KEY = "arrays"
+SCALARS_KEY = "scalars"
+SETUP_KEY = "setup"
+STATS_KEY = "stats"
+
+
+@dataclass(frozen=True)
+class WireBytes:
+    """Bytes of one serialized message: payload objects and envelope (metadata + object tree)."""
+
+    payload: int
+    envelope: int
+
+    @property
+    def total(self) -> int:
+        return self.payload + self.envelope
+
+
+def message_wire_bytes(message: Message) -> WireBytes:
+    """Bytes Flower's runtime puts on the wire for ``message`` (HTTP framing not included)."""
+    objects = get_all_nested_objects(message)
+    payload = sum(len(obj.deflate()) for obj in objects.values())
+    envelope_msg = remove_content_from_message(message)
+    envelope_msg.metadata.__dict__["_message_id"] = message.object_id
+    envelope = message_to_proto(envelope_msg).ByteSize() + get_object_tree(message).ByteSize()
+    return WireBytes(payload=payload, envelope=envelope)
+
+
+def encode_records(arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> RecordDict:
+    content = RecordDict({SCALARS_KEY: ConfigRecord(dict(scalars))})
+    if arrays:
+        content[ARRAYS_KEY] = ArrayRecord(
+            {name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()}
+        )
+    return content
+
+
+def decode_records(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    if SCALARS_KEY not in content:
+        raise PayloadError(f"message lacks the {SCALARS_KEY!r} record")
+    arrays = {}
+    if ARRAYS_KEY in content:
+        arrays = {name: arr.numpy() for name, arr in content.array_records[ARRAYS_KEY].items()}
+    return arrays, dict(content.config_records[SCALARS_KEY])
+
+
+def encode_query(query: GsQuery, setup: dict[str, Any] | None = None) -> RecordDict:
+    content = encode_records(query.arrays(), query.scalars())
+    if setup is not None:
+        content[SETUP_KEY] = ConfigRecord(setup)
+    return content
+
+
+def decode_query(content: RecordDict) -> tuple[GsQuery, dict[str, Any] | None]:
+    arrays, scalars = decode_records(content)
+    try:
+        query = GsQuery(
+            step=int(scalars["step"]),
+            batch_size=int(scalars["batch_size"]),
+            fake=arrays["fake"],
+            labels=arrays["labels"],
+        )
+    except KeyError as err:
+        raise PayloadError(f"query lacks field {err}") from err
+    setup = dict(content.config_records[SETUP_KEY]) if SETUP_KEY in content else None
+    return query, setup
+
+
+def encode_answer(answer: GsAnswer) -> RecordDict:
+    content = encode_records(answer.arrays(), answer.scalars())
+    if answer.stats:
+        content[STATS_KEY] = ConfigRecord({k: float(v) for k, v in answer.stats.items()})
+    return content
+
+
+def decode_answer(content: RecordDict) -> GsAnswer:
+    arrays, s = decode_records(content)
+    stats = dict(content.config_records[STATS_KEY]) if STATS_KEY in content else {}
+    try:
+        return GsAnswer(
+            step=int(s["step"]),
+            client_id=int(s["client_id"]),
+            refused=bool(s["refused"]),
+            reason=str(s["reason"]),
+            grad=arrays.get("grad"),
+            noise_multiplier=float(s["noise_multiplier"]),
+            sample_rate=float(s["sample_rate"]),
+            queries=int(s["queries"]),
+            epsilon=float(s["epsilon"]),
+            stats={k: float(v) for k, v in stats.items()},
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise PayloadError(f"malformed answer: {err!r}") from err

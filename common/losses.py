@@ -1,0 +1,117 @@
+"""WGAN-GP losses of GS-WGAN and the per-sample generator gradient a client releases.
+
+The critic objective (Gulrajani et al. 2017, plus the drift term of Karras et al. 2018):
+
+    L_D = E[D(fake)] - E[D(real)] + lambda * E[(||grad_x D(x_hat)||_2 - 1)^2] + drift * E[D(real)^2]
+
+with x_hat a uniform random interpolate of a real and a fake sample. The generator's upstream
+gradient is ``d(-D(x_i, y_i)) / d x_i`` per sample; GS-WGAN clips and noises it on the client
+(``common/privacy``), which is why the discriminator must treat samples independently.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _per_sample_norm(g: Tensor) -> Tensor:
+    return g.flatten(1).norm(2, dim=1)
+
+
+def gradient_penalty(
+    D: nn.Module,
+    real: Tensor,
+    fake: Tensor,
+    y: Tensor,
+    *,
+    weight: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``weight * mean_i (||grad_x D(x_hat_i, y_i)||_2 - 1)^2`` on random interpolates.
+
+    ``x_hat_i = a_i * real_i + (1 - a_i) * fake_i`` with ``a_i ~ U[0, 1]`` (drawn from
+    ``generator`` if given). The graph is kept (``create_graph=True``) so the penalty can be
+    backpropagated into D's parameters.
+    """
+    alpha = torch.rand(
+        (real.shape[0],) + (1,) * (real.dim() - 1),
+        generator=generator,
+        dtype=real.dtype,
+        device=real.device,
+    )
+    x_hat = (alpha * real.detach() + (1 - alpha) * fake.detach()).requires_grad_(True)
+    (grad,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
+    return weight * (_per_sample_norm(grad) - 1).pow(2).mean()
+
+
+def critic_loss(
+    D: nn.Module,
+    real: Tensor,
+    real_y: Tensor,
+    fake: Tensor,
+    fake_y: Tensor,
+    *,
+    gp_weight: float = 10.0,
+    drift: float = 1e-3,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """WGAN-GP critic loss (to minimize) and its statistics.
+
+    ``fake`` is detached: this loss never reaches the generator. The gradient penalty is taken
+    at the real samples' labels. (The official code draws fake labels equal to the real ones, so
+    the two coincide there; in GS-WGAN proper the server draws fake labels uniformly, and the
+    penalty then constrains ``D(., real_y)`` on the segment from the real sample to a fake one.)
+
+    Stats: ``wasserstein`` (E[D(real)] - E[D(fake)]), ``gp`` (unweighted), ``d_real``,
+    ``d_fake``, ``loss``.
+    """
+    fake = fake.detach()
+    # Real and fake in one forward: D treats samples independently, and one call is cheaper
+    # (and runs spectral norm's power iteration once instead of twice).
+    scores = D(torch.cat([real, fake]), torch.cat([real_y, fake_y]))
+    d_real, d_fake = scores[: real.shape[0]], scores[real.shape[0] :]
+    gp = gradient_penalty(D, real, fake, real_y, generator=generator)
+    loss = d_fake.mean() - d_real.mean() + gp_weight * gp + drift * d_real.pow(2).mean()
+    stats = {
+        "wasserstein": float(d_real.detach().mean() - d_fake.detach().mean()),
+        "gp": float(gp.detach()),
+        "d_real": float(d_real.detach().mean()),
+        "d_fake": float(d_fake.detach().mean()),
+        "loss": float(loss.detach()),
+    }
+    return loss, stats
+
+
+def critic_step(
+    D: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    real: Tensor,
+    real_y: Tensor,
+    fake: Tensor,
+    fake_y: Tensor,
+    *,
+    gp_weight: float = 10.0,
+    drift: float = 1e-3,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """One optimizer step of D on ``critic_loss``; returns its statistics (before the step)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss, stats = critic_loss(
+        D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator
+    )
+    loss.backward()
+    optimizer.step()
+    return stats
+
+
+def generator_sample_grads(D: nn.Module, fake: Tensor, y: Tensor) -> Tensor:
+    """Per-sample ``g_i = d(-D(x_i, y_i)) / d x_i``, shaped like ``fake``.
+
+    Because D never mixes samples, the gradient of the summed score w.r.t. the batch is exactly
+    the stack of per-sample gradients. Computed on a detached copy with ``torch.autograd.grad``,
+    so neither D's parameter ``.grad`` nor the generator's graph is touched.
+    """
+    x = fake.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(-D(x, y).sum(), x)
+    return grad

@@ -1,0 +1,63 @@
+"""The ServerApp. ``app`` serves ``flwr run .`` (config from Flower's run_config); ``make_server_app``
+serves ``fedgan simulate`` (config already resolved by the CLI, run directory chosen up front).
+
+A run that does not complete raises, so Flower marks the run as failed rather than finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from common.config import ExperimentConfig
+
+from .loop import print_summary, run_experiment
+from .reporting import RunDirectory
+from .transport import FlowerTransport
+
+
+@dataclass
+class RunResult:
+    """Filled by the ServerApp thread so the CLI can report and choose its exit code."""
+
+    summary: dict[str, Any] | None = None
+    error: BaseException | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RunIncomplete(RuntimeError):
+    """The run stopped before its planned steps (budgets exhausted, clients failed, interrupted)."""
+
+
+def make_server_app(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, result: RunResult,
+                    transport_name: str = "flower-simulation") -> ServerApp:
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+        try:
+            result.summary = run_experiment(cfg, run, FlowerTransport(grid), resume=resume,
+                                            transport_name=transport_name)
+        except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
+            result.error = err
+
+    return server_app
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point of ``flwr run .``: every ExperimentConfig field is a run_config key."""
+    cfg = ExperimentConfig.from_run_config(context.run_config)
+    run = RunDirectory.create(cfg)
+    summary = run_experiment(cfg, run, FlowerTransport(grid), transport_name="flower-run")
+    print_summary(summary)
+    if summary["status"] != "completed":
+        raise RunIncomplete(f"run {run.path} did not complete: {summary['status']}")

@@ -1,0 +1,243 @@
+"""The one round loop. Strategies fill hooks; this file owns transport, bytes, logs, checkpoints, reports.
+
+Every strategy (GS-WGAN here; DPGAN and Fed-Avg GAN plug in the same way) runs through
+``run_experiment``. A step only counts when the strategy says the generator moved; clients that
+refuse (budget) or fail (error, timeout, malformed answer) are not asked again, and the run stops
+cleanly, with a checkpoint and a summary, when nobody is left to ask.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from common.config import ExperimentConfig
+from common.data import num_classes_for
+from common.metrics import CommCounter
+from common.privacy import privacy_statement
+
+from .reporting import RunDirectory, format_summary_table
+from .strategies import build_strategy
+from .strategies.base import Strategy
+from .transport import Exchange
+
+EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 3, 130
+
+
+class Transport(Protocol):
+    def node_ids(self, expected: int) -> list[int]: ...
+
+    def exchange(self, outgoing: list) -> Exchange: ...
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    wall_s: float = 0.0
+    comm: CommCounter = field(default_factory=CommCounter)
+    exhausted: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
+                   resume: bool = False, transport_name: str = "flower-simulation") -> dict[str, Any]:
+    """Run (or continue) ``cfg`` in ``run``; returns summary.json's content."""
+    strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir))
+    state = _restore(run, strategy) if resume else LoopState()
+    nodes = transport.node_ids(cfg.num_clients)
+    if len(nodes) != cfg.num_clients:
+        raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
+    status = _train(cfg, run, transport, strategy, state, nodes)
+    _fetch_ledgers(transport, strategy, state)
+    summary = _finish(cfg, run, strategy, state, status, transport_name)
+    return summary
+
+
+def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
+    ck = run.load_checkpoint()
+    strategy.load_state_dict(ck["strategy"])
+    run.truncate_metrics(ck["step"])
+    return LoopState(step=ck["step"], wall_s=ck["wall_s"], comm=CommCounter.from_state_dict(ck["comm"]),
+                     notes=list(ck.get("notes", [])))
+
+
+def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
+           state: LoopState, nodes: list[int]) -> str:
+    started = time.monotonic()
+    base_wall = state.wall_s
+    status = "completed"
+    bar = tqdm(total=cfg.steps, initial=state.step, disable=not cfg.progress, unit="step",
+               desc=f"{cfg.strategy} steps", dynamic_ncols=True)
+    try:
+        while state.step < cfg.steps:
+            available = [n for n in nodes if n not in state.exhausted and n not in state.failed]
+            if not available:
+                status = "stopped: no client can answer (budgets exhausted or clients failed)"
+                break
+            if _round(cfg, transport, strategy, state, available):
+                state.step += 1
+                bar.update(1)
+                state.wall_s = base_wall + time.monotonic() - started
+                _periodic(cfg, run, strategy, state, bar)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        bar.close()
+        state.wall_s = base_wall + time.monotonic() - started
+        _checkpoint(run, strategy, state)
+    return status
+
+
+def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState,
+           available: list[int]) -> bool:
+    step = state.step
+    selected = strategy.select_nodes(available)
+    exchange = transport.exchange(strategy.configure_step(step, selected))
+    outcome = strategy.aggregate_step(step, exchange.replies)
+    _count_bytes(strategy, state.comm, exchange)
+    if outcome.took_step:
+        answered = len(selected) - len(outcome.exhausted_nodes) - len(outcome.failed_nodes)
+        state.comm.count_participation(answered)
+        state.last_metrics = outcome.metrics
+    state.exhausted.update(outcome.exhausted_nodes)
+    state.failed.update(outcome.failed_nodes)
+    for note in outcome.notes:
+        tqdm.write(f"[step {step}] {note}")
+        state.notes.append(f"step {step}: {note}")
+    return outcome.took_step
+
+
+def _client_key(strategy: Strategy, node: int) -> int:
+    """Bytes are reported per client (partition) id; -1 stands for a node that never identified."""
+    return getattr(strategy, "node_client", {}).get(node, -1)
+
+
+def _count_bytes(strategy: Strategy, comm: CommCounter, exchange: Exchange) -> None:
+    for node, (total, envelope) in exchange.bytes_down.items():
+        comm.add_down(_client_key(strategy, node), total, envelope)
+    for node, (total, envelope) in exchange.bytes_up.items():
+        comm.add_up(_client_key(strategy, node), total, envelope)
+
+
+def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, bar: tqdm) -> None:
+    step = state.step
+    if step % cfg.log_every == 0 or step == cfg.steps:
+        record = _metrics_record(strategy, state)
+        run.append_metrics(record)
+        bar.set_postfix(eps_max=f"{record['privacy/epsilon_max']:.3g}",
+                        w=f"{record.get('train/wasserstein', float('nan')):.3g}")
+    if step % cfg.sample_every == 0 or step == cfg.steps:
+        run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
+    if step % cfg.checkpoint_every == 0:
+        _checkpoint(run, strategy, state)
+
+
+def _metrics_record(strategy: Strategy, state: LoopState) -> dict[str, Any]:
+    report = strategy.privacy_report()
+    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    per_step = state.comm.per_step()
+    return {
+        "step": state.step,
+        "time_s": round(state.wall_s, 3),
+        **state.last_metrics,
+        "privacy/epsilon_max": max(eps),
+        "privacy/epsilon_median": float(np.median(eps)),
+        "privacy/epsilon_amplified": report["epsilon_amplified"]["epsilon"],
+        "privacy/clients_queried": sum(c["queries"] > 0 for c in report["clients"]),
+        "comm/bytes_down": state.comm.down_total,
+        "comm/bytes_up": state.comm.up_total,
+        "comm/bytes_per_step_down": per_step["down"],
+        "comm/bytes_per_step_up": per_step["up"],
+    }
+
+
+def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
+    run.save_checkpoint({
+        "step": state.step,
+        "wall_s": state.wall_s,
+        "strategy": strategy.state_dict(),
+        "comm": state.comm.state_dict(),
+        "notes": state.notes,
+    })
+
+
+def _fetch_ledgers(transport: Transport, strategy: Strategy, state: LoopState) -> None:
+    """Ask every client that answered for its own ledger: privacy.json is written from those."""
+    contacted = [n for n in getattr(strategy, "node_client", {}) if n not in state.failed]
+    queries = strategy.ledger_queries(contacted)
+    if not queries:
+        return
+    exchange = transport.exchange(queries)
+    strategy.absorb_ledgers(exchange.replies)
+    state.comm.add_control(sum(t for t, _ in exchange.bytes_down.values()),
+                           sum(t for t, _ in exchange.bytes_up.values()))
+
+
+def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str,
+            transport_name: str) -> dict[str, Any]:
+    report = strategy.privacy_report(final=True)
+    _check_mirror(strategy, report, state)
+    for c in report["clients"]:
+        c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
+        c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
+    statement = privacy_statement(
+        {c["client_id"]: c for c in report["clients"]}, cfg=cfg, steps=state.step,
+        epsilon_amplified=report["epsilon_amplified"]["epsilon"],
+    )
+    run.write_json("privacy.json", {
+        "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
+        "epsilon_amplified": report["epsilon_amplified"],
+        "clients": [{k: c[k] for k in ("client_id", "queries", "epsilon", "epsilon_prv", "ledger")}
+                    for c in report["clients"]],
+    })
+    if state.step > 0:
+        run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg),
+                         z_dim=cfg.z_dim)
+    summary = {
+        "strategy": cfg.strategy,
+        "status": status,
+        "transport": transport_name,
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "model": cfg.model,
+        "steps_completed": state.step,
+        "steps_planned": cfg.steps,
+        "num_clients": cfg.num_clients,
+        "clients_per_step": cfg.clients_per_step,
+        "batch_size": cfg.batch_size,
+        "noise_multiplier": cfg.noise_multiplier,
+        "clip": cfg.clip,
+        "delta": cfg.delta,
+        "wire_dtype": cfg.wire_dtype,
+        "accounting": report["accounting"],
+        "clients": [{k: v for k, v in c.items() if k != "ledger"} for c in report["clients"]],
+        "epsilon_max": report["epsilon_max"],
+        "epsilon_amplified": report["epsilon_amplified"],
+        "comm": state.comm.summary(),
+        "wall_s": round(state.wall_s, 3),
+        "run_dir": str(run.path),
+        "notes": state.notes,
+        "privacy_statement": statement,
+    }
+    run.write_json("summary.json", summary)
+    return summary
+
+
+def _check_mirror(strategy: Strategy, report: dict[str, Any], state: LoopState) -> None:
+    """The server's mirror and the clients' own ledgers must agree on query counts; say so if not."""
+    mirror = getattr(strategy, "ledgers", {})
+    for c in report["clients"]:
+        seen = mirror[c["client_id"]].queries if c["client_id"] in mirror else 0
+        if seen != c["queries"]:
+            state.notes.append(f"client {c['client_id']}: its ledger holds {c['queries']} queries, "
+                               f"the server saw {seen} answers (ε is reported from the client's ledger)")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print(format_summary_table(summary), flush=True)

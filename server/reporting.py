@@ -1,0 +1,174 @@
+"""The run directory: resolved config, metrics (JSONL), sample grids, checkpoints, privacy, summary.
+
+Layout (``runs/NNNNN-<strategy>-<dataset>/`` or ``--out``)::
+
+    config.json  metrics.jsonl  privacy.json  summary.json  checkpoint.pt  samples/step-XXXXXX.png
+    clients/     (per-client state files in simulation: each node's own disk in a deployment)
+
+Every file that a crash could leave half-written is written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from common.config import ExperimentConfig
+from common.models import sample_latent
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class RunDirectoryError(RuntimeError):
+    """The run directory is missing, incomplete or does not match what is asked of it."""
+
+
+def next_run_dir(root: str | Path, cfg: ExperimentConfig) -> Path:
+    """``root/NNNNN-<strategy>-<dataset>`` with NNNNN one above the highest number present."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    numbers = [int(m.group(1)) for p in root.iterdir() if (m := re.match(r"(\d{5})-", p.name))]
+    return root / f"{max(numbers, default=-1) + 1:05d}-{cfg.strategy}-{cfg.dataset}"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).resolve()
+
+    @classmethod
+    def create(cls, cfg: ExperimentConfig) -> "RunDirectory":
+        path = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)
+        if (path / CHECKPOINT).exists():
+            raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
+                                    "or choose another --out")
+        run = cls(path)
+        (run.path / "samples").mkdir(parents=True, exist_ok=True)
+        (run.path / "clients").mkdir(exist_ok=True)
+        atomic_write_json(run.path / "config.json", cfg.to_dict())
+        return run
+
+    @classmethod
+    def open_existing(cls, path: str | Path) -> tuple["RunDirectory", ExperimentConfig]:
+        run = cls(path)
+        cfg_path = run.path / "config.json"
+        if not run.path.is_dir():
+            raise RunDirectoryError(f"run directory {run.path} does not exist")
+        if not cfg_path.is_file():
+            raise RunDirectoryError(f"{run.path} has no config.json: not a fedgan run directory")
+        try:
+            values = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as err:
+            raise RunDirectoryError(f"{cfg_path} is corrupt: {err}") from err
+        return run, ExperimentConfig.from_mapping(values, source=str(cfg_path))
+
+    # --- files -----------------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        return self.path / "clients"
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """On resume, drop metric lines written after the checkpoint being resumed."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= after_step]
+        atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        tmp = self.path / (CHECKPOINT + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path / CHECKPOINT)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        path = self.path / CHECKPOINT
+        if not path.exists():
+            raise RunDirectoryError(f"{path} does not exist: nothing to resume (the run stopped "
+                                    "before its first checkpoint; start it again)")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:  # noqa: BLE001
+            raise RunDirectoryError(f"{path} is corrupt ({err}); it cannot be resumed") from err
+
+    def write_json(self, name: str, obj: Any) -> None:
+        atomic_write_json(self.path / name, obj)
+
+    def save_samples(self, generator: torch.nn.Module, step: int, *, num_classes: int, z_dim: int,
+                     per_class: int = 10, seed: int = 1234) -> Path:
+        """A grid with one row per class, from fixed latents so grids are comparable over steps."""
+        grid = sample_grid(generator, num_classes=num_classes, z_dim=z_dim, per_class=per_class, seed=seed)
+        path = self.path / "samples" / f"step-{step:06d}.png"
+        buf = path.with_name(path.name + ".tmp")
+        Image.fromarray(grid).save(buf, format="PNG")
+        os.replace(buf, path)
+        return path
+
+
+@torch.no_grad()
+def sample_grid(generator: torch.nn.Module, *, num_classes: int, z_dim: int, per_class: int = 10,
+                seed: int = 1234, pad: int = 2) -> np.ndarray:
+    rng = torch.Generator().manual_seed(seed)
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    was_training = generator.training
+    generator.eval()
+    images = generator(sample_latent(len(labels), z_dim, generator=rng), labels)
+    generator.train(was_training)
+    imgs = (images.clamp(0, 1) * 255).round().to(torch.uint8).numpy()[:, 0]
+    h, w = imgs.shape[1:]
+    canvas = np.zeros((num_classes * (h + pad) + pad, per_class * (w + pad) + pad), dtype=np.uint8)
+    for i, img in enumerate(imgs):
+        r, c = divmod(i, per_class)
+        canvas[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = img
+    return canvas
+
+
+def format_summary_table(summary: dict[str, Any]) -> str:
+    """The table printed at the end of a run."""
+    eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0] or [0.0]
+    eps_sorted = sorted(eps)
+    per_step = summary["comm"]["bytes_per_step"]
+    amp = summary.get("epsilon_amplified", {})
+    rows = [
+        ("strategy", summary["strategy"]),
+        ("status", summary["status"]),
+        ("generator steps", f"{summary['steps_completed']} / {summary['steps_planned']}"),
+        ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
+        (f"ε per client (δ={summary['delta']:g})",
+         f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · max {eps_sorted[-1]:.4g}"),
+        ("ε rule", summary["accounting"]),
+        ("ε amplified (trusted sampling)", f"{amp.get('epsilon', float('nan')):.4g}  [assumes "
+         f"uniform sampling of {summary['clients_per_step']} of {summary['num_clients']} clients]"),
+        ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
+        ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("run directory", summary["run_dir"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,81 @@
+"""The strategy interface: the one round loop (``server/loop.py``) calls these hooks, nothing else.
+
+A strategy decides whom to ask and what to send (``configure_step``), and what to do with the
+replies (``aggregate_step``). Transport, byte counting, logging, checkpoints and reports are the
+loop's. Baseline strategies (DPGAN, Fed-Avg GAN) plug in by implementing the same hooks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import RecordDict
+from torch import nn
+
+
+@dataclass
+class Outgoing:
+    node_id: int
+    message_type: str
+    content: RecordDict
+
+
+@dataclass
+class Incoming:
+    """A reply (or its absence): ``content`` is None when the node failed or timed out."""
+
+    node_id: int
+    content: RecordDict | None
+    error: str = ""
+
+
+@dataclass
+class StepOutcome:
+    """What one round produced: whether the generator moved, metrics, and nodes to stop asking."""
+
+    took_step: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    exhausted_nodes: list[int] = field(default_factory=list)
+    failed_nodes: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Strategy(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def select_nodes(self, available: list[int]) -> list[int]:
+        """Sample the nodes to query this step from ``available`` (server randomness only)."""
+
+    @abstractmethod
+    def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
+        """Build one message per selected node."""
+
+    @abstractmethod
+    def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
+        """Consume the replies; update the server's model if they allow it."""
+
+    @abstractmethod
+    def released_generator(self) -> nn.Module:
+        """The model that is released (and evaluated): the generator's EMA copy."""
+
+    @abstractmethod
+    def privacy_report(self) -> dict[str, Any]:
+        """Per-client and global privacy figures for metrics and summary.json."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+    def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
+        """Messages asking clients for their own ledgers at the end of a run (default: none)."""
+        return []
+
+    def absorb_ledgers(self, replies: list[Incoming]) -> None:
+        """Take the clients' authoritative ledgers (default: nothing to take)."""

@@ -1,0 +1,109 @@
+"""How the round loop reaches clients: through Flower's Grid, or by calling the ClientApp in-process.
+
+Both transports build real Flower messages and count their bytes with the same function, so the
+byte counts are identical; the in-process one skips Flower's runtime (used by the step-overhead
+benchmark and by fast tests).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+
+from client.flower_wire import message_wire_bytes
+
+from .strategies.base import Incoming, Outgoing
+
+
+@dataclass
+class Exchange:
+    """Replies of one round plus the bytes each message put on the wire."""
+
+    replies: list[Incoming]
+    bytes_down: dict[int, tuple[int, int]]  # node -> (total, envelope)
+    bytes_up: dict[int, tuple[int, int]]
+
+
+class FlowerTransport:
+    """Messages through a Flower Grid (simulation runtime or a real SuperLink)."""
+
+    def __init__(self, grid: Grid, *, timeout_s: float = 600.0, wait_nodes_s: float = 120.0) -> None:
+        self.grid = grid
+        self.timeout_s = timeout_s
+        self.wait_nodes_s = wait_nodes_s
+        if hasattr(grid, "pull_interval"):
+            # The in-memory grid polls for replies every 0.1 s by default; GS-WGAN exchanges
+            # thousands of small messages, so poll faster.
+            grid.pull_interval = 0.002
+
+    def node_ids(self, expected: int) -> list[int]:
+        """Wait until ``expected`` nodes are connected (they register asynchronously)."""
+        deadline = time.monotonic() + self.wait_nodes_s
+        while len(ids := sorted(self.grid.get_node_ids())) < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(ids)} of {expected} nodes connected after "
+                                   f"{self.wait_nodes_s:.0f} s; check num_clients against the federation")
+            time.sleep(0.05)
+        return ids
+
+    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+        messages = [Message(o.content, dst_node_id=o.node_id, message_type=o.message_type) for o in outgoing]
+        down = {o.node_id: _count(m) for o, m in zip(outgoing, messages)}
+        replies_by_node: dict[int, Message] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=self.timeout_s):
+            replies_by_node[reply.metadata.src_node_id] = reply
+        return _collect(outgoing, replies_by_node, down, timeout_s=self.timeout_s)
+
+
+class InProcessTransport:
+    """Calls the ClientApp directly with one persistent Context per node (no Flower runtime)."""
+
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        # Flower's Message constructor reads the task identity that its runtime normally sets.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
+        self.app = client_app
+        self.contexts = {
+            1000 + i: Context(run_id=run_id, node_id=1000 + i,
+                              node_config={"partition-id": i, "num-partitions": num_nodes},
+                              state=RecordDict(), run_config={})
+            for i in range(num_nodes)
+        }
+
+    def node_ids(self, expected: int) -> list[int]:
+        return sorted(self.contexts)
+
+    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+        down, replies = {}, {}
+        for o in outgoing:
+            message = Message(o.content, dst_node_id=o.node_id, message_type=o.message_type)
+            message.metadata.__dict__["_message_id"] = message.object_id
+            down[o.node_id] = _count(message)
+            replies[o.node_id] = self.app(message, self.contexts[o.node_id])
+        return _collect(outgoing, replies, down, timeout_s=0)
+
+
+def _count(message: Message) -> tuple[int, int]:
+    wire = message_wire_bytes(message)
+    return wire.total, wire.envelope
+
+
+def _collect(outgoing: list[Outgoing], replies: dict[int, Message],
+             down: dict[int, tuple[int, int]], *, timeout_s: float) -> Exchange:
+    incoming, up = [], {}
+    for o in outgoing:
+        reply = replies.get(o.node_id)
+        if reply is None:
+            incoming.append(Incoming(o.node_id, None, f"no reply within {timeout_s:.0f} s"))
+        elif reply.has_error():
+            incoming.append(Incoming(o.node_id, None, f"client error: {reply.error.reason}"))
+            up[o.node_id] = _count(reply)
+        else:
+            incoming.append(Incoming(o.node_id, reply.content))
+            up[o.node_id] = _count(reply)
+    return Exchange(incoming, down, up)

@@ -1,0 +1,130 @@
+"""The ``fedgan`` command. Flags of ``simulate`` are generated from ``ExperimentConfig``.
+
+Precedence: dataclass defaults < ``--config FILE.toml`` < flags given on the command line.
+Exit codes: 0 run completed, 2 bad input (config, data, run directory), 3 run stopped early
+(budgets exhausted, clients failed), 130 interrupted (a checkpoint was written; ``--resume`` it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from common.config import ConfigError, ExperimentConfig
+
+EXIT_BAD_INPUT = 2
+RESUMABLE_OVERRIDES = {"steps", "progress", "eval", "log_every", "sample_every", "checkpoint_every"}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field; defaults are suppressed so we know what the user typed."""
+    group = parser.add_argument_group("experiment options (also TOML keys and Flower run_config keys)")
+    for f in dataclasses.fields(ExperimentConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (default: {f.default!r})"
+        if f.type in ("bool", bool):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
+                               metavar=f.name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedgan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="run an experiment as a Flower simulation on this machine",
+                         description="Run an experiment as a Flower simulation (one SuperNode per client).")
+    sim.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    sim.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
+                     "(its config.json is used; only --steps and output options may change)")
+    sim.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
+                     help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
+                     "directly, without Flower's runtime (same results, for debugging and benchmarks)")
+    add_config_flags(sim)
+    data = sub.add_parser("data", help="download data sets or show what is present")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    dl = data_sub.add_parser("download", help="fetch the official files of a data set, checksums verified")
+    dl.add_argument("name", choices=("mnist", "fashion-mnist", "emnist", "femnist"))
+    dl.add_argument("--data-dir", default="", help="destination (default: $FEDGAN_DATA or ./data)")
+    info = data_sub.add_parser("info", help="files present, partition sizes and class balance")
+    add_config_flags(info)
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
+    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    if getattr(args, "config", None):
+        return ExperimentConfig.from_toml(args.config, **given)
+    return ExperimentConfig.from_mapping(given, source="command line")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from common.data import DataError, check_partition_sizes
+    from server.reporting import RunDirectory, RunDirectoryError
+
+    try:
+        if args.resume:
+            run, cfg = _resume_target(args)
+        else:
+            cfg = resolve_config(args)
+            check_partition_sizes(cfg)
+            run = RunDirectory.create(cfg)
+    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"run directory: {run.path}", flush=True)
+    from .simulate import simulate
+
+    return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
+
+
+def _resume_target(args: argparse.Namespace):
+    from server.reporting import RunDirectory
+
+    run, cfg = RunDirectory.open_existing(args.resume)
+    run.load_checkpoint()  # fail now, with the path, if there is nothing to resume
+    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    changes = {k: v for k, v in vars(args).items() if k in names}
+    frozen = sorted(set(changes) - RESUMABLE_OVERRIDES)
+    if frozen:
+        raise ConfigError(f"cannot change {', '.join(frozen)} when resuming; the run keeps its config.json")
+    if changes:
+        cfg = cfg.replace(**changes)
+        run.write_json("config.json", cfg.to_dict())
+    return run, cfg
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from common.data.download import describe, download
+
+    try:
+        if args.data_command == "download":
+            paths = download(args.name, args.data_dir or os.environ.get("FEDGAN_DATA", "data"))
+            for path in paths:
+                print(path)
+            return 0
+        print(describe(resolve_config(args)))
+        return 0
+    except (ConfigError, DataError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        return cmd_simulate(args)
+    return cmd_data(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
