@@ -1,0 +1,30 @@
+# Two entry points a user needs: `make run` (install + a default GS-WGAN simulation) and `make test`.
+# Both create .venv on first use; the install is redone only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: an unpinned torch would pull the newest CUDA build (several GB).
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/fedgan simulate
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
