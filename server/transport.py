@@ -69,7 +69,7 @@ class InProcessTransport:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.app = client_app
         self.contexts = {
-            1000 + i: Context(run_id=run_id, node_id=1000 + i,
+            (1 << 62) + i: Context(run_id=run_id, node_id=(1 << 62) + i,
                               node_config={"partition-id": i, "num-partitions": num_nodes},
                               state=RecordDict(), run_config={})
             for i in range(num_nodes)

@@ -1,0 +1,77 @@
+"""Flower simulation overhead per GS-WGAN step: in-process vs. Flower's simulation runtime, one run.
+
+Both arms run the same configuration through the same round loop (``server.loop.run_experiment``);
+the in-process arm calls the ClientApp directly, the other goes through ``flwr.simulation``. Time per
+step is the loop's wall time (start-up excluded) divided by the steps. The two arms alternate
+(A, B, A, B ...) so that machine noise hits both. Writes ``bench/results/step_overhead.json`` and prints
+one line.
+
+    python bench/step_overhead.py [--steps 60] [--repeats 2] [--model small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.config import ExperimentConfig  # noqa: E402
+from server.reporting import RunDirectory  # noqa: E402
+from simulations.simulate import _run_flower, _run_inprocess  # noqa: E402
+
+
+def one_arm(arm: str, cfg: ExperimentConfig) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDirectory.create(cfg.replace(out=str(Path(tmp) / "run")))
+        started = time.monotonic()
+        runner = _run_inprocess if arm == "inprocess" else _run_flower
+        summary, error = runner(cfg, run, False)
+        if error is not None:
+            raise error
+        return {"step_s": summary["wall_s"] / summary["steps_completed"],
+                "total_s": time.monotonic() - started,
+                "bytes_per_step": summary["comm"]["bytes_per_step"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--num-clients", type=int, default=5)
+    args = parser.parse_args()
+    cfg = ExperimentConfig(steps=args.steps, model=args.model, num_clients=args.num_clients,
+                           progress=False, sample_every=10**6, checkpoint_every=10**6, eval=False)
+    results: dict[str, list[dict]] = {"inprocess": [], "flower": []}
+    for _ in range(args.repeats):
+        for arm in results:
+            results[arm].append(one_arm(arm, cfg))
+    med = {arm: statistics.median(r["step_s"] for r in runs) for arm, runs in results.items()}
+    ct = results["flower"][0]["bytes_per_step"]
+    same_bytes = all(r["bytes_per_step"] == ct for runs in results.values() for r in runs)
+    out = {
+        "config": cfg.to_dict(),
+        "runs": results,
+        "median_step_s": med,
+        "ratio_flower_over_inprocess": med["flower"] / med["inprocess"],
+        "bytes_per_step": ct,
+        "bytes_identical_across_arms": same_bytes,
+    }
+    path = ROOT / "bench" / "results" / "step_overhead.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"step_overhead: in-process {med['inprocess']*1e3:.0f} ms/step, flower simulation "
+          f"{med['flower']*1e3:.0f} ms/step, ratio {out['ratio_flower_over_inprocess']:.2f}x; "
+          f"CT down {ct['down']:,.0f} B up {ct['up']:,.0f} B per step (identical across arms: {same_bytes}) "
+          f"-> {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

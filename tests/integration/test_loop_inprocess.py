@@ -1,0 +1,95 @@
+"""The round loop through the in-process transport: resume, budgets, faulty clients, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Array
+
+from client.app import app as client_app
+from common.config import ExperimentConfig
+from server.loop import run_experiment
+from server.reporting import RunDirectory, RunDirectoryError
+from server.transport import InProcessTransport
+
+
+def cfg_for(tmp_path, name="run", **changes) -> ExperimentConfig:
+    base = dict(num_clients=3, steps=6, model="tiny", batch_size=8, n_critic=2,
+                synthetic_samples_per_writer=24, log_every=1, sample_every=100, checkpoint_every=100,
+                progress=False, eval=False, noise_seed=3, out=str(tmp_path / name))
+    base.update(changes)
+    return ExperimentConfig(**base)
+
+
+def run_inprocess(cfg, *, resume=False, app=client_app):
+    run = RunDirectory.open_existing(cfg.out)[0] if resume else RunDirectory.create(cfg)
+    if resume:
+        run.write_json("config.json", cfg.to_dict())
+    return run, run_experiment(cfg, run, InProcessTransport(app, cfg.num_clients), resume=resume,
+                               transport_name="inprocess")
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight_cfg = cfg_for(tmp_path, "straight")
+    straight_run, straight = run_inprocess(straight_cfg)
+    part_cfg = cfg_for(tmp_path, "parts", steps=3)
+    part_run, first = run_inprocess(part_cfg)
+    assert first["steps_completed"] == 3
+    _, resumed = run_inprocess(part_cfg.replace(steps=6), resume=True)
+    assert resumed["steps_completed"] == 6
+    assert [c["queries"] for c in resumed["clients"]] == [c["queries"] for c in straight["clients"]]
+    assert resumed["comm"]["bytes_up_total"] == straight["comm"]["bytes_up_total"]
+    a = torch.load(straight_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    b = torch.load(part_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    for key in a["ema"]["module"]:
+        assert torch.equal(a["ema"]["module"][key], b["ema"]["module"][key]), key
+    steps = [json.loads(l)["step"] for l in (part_run.path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))
+
+
+def test_budget_refusals_stop_the_run_cleanly(tmp_path):
+    cfg = cfg_for(tmp_path, steps=50, client_epsilon_budget=60.0, noise_multiplier=2.0)
+    run, summary = run_inprocess(cfg)
+    assert summary["status"].startswith("stopped")
+    assert 0 < summary["steps_completed"] < 50
+    for c in summary["clients"]:
+        assert c["epsilon"] <= 60.0
+    assert any("refuses" in note for note in summary["notes"])
+    assert (run.path / "checkpoint.pt").exists()
+
+
+def _corrupting(node_offset: int, kind: str):
+    def app(message, context):
+        reply = client_app(message, context)
+        if context.node_config["partition-id"] == node_offset and message.metadata.message_type == "train.gswgan":
+            grad = reply.content.array_records["arrays"]["grad"].numpy()
+            bad = {"nan": np.full_like(grad, np.nan), "shape": grad[:-1]}[kind]
+            reply.content["arrays"] = ArrayRecord({"grad": Array(bad)})
+        return reply
+    return app
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape"])
+def test_malformed_answers_are_dropped_and_the_run_goes_on(tmp_path, kind):
+    cfg = cfg_for(tmp_path, steps=8)
+    _, summary = run_inprocess(cfg, app=_corrupting(1, kind))
+    assert summary["status"] == "completed" and summary["steps_completed"] == 8
+    assert any("malformed" in note for note in summary["notes"])
+    for p in summary["clients"][0:1]:
+        assert p["queries"] >= 0
+
+
+def test_resume_of_a_missing_or_corrupt_run_is_a_clear_error(tmp_path):
+    with pytest.raises(RunDirectoryError, match="does not exist"):
+        RunDirectory.open_existing(tmp_path / "nope")
+    cfg = cfg_for(tmp_path)
+    run = RunDirectory.create(cfg)
+    with pytest.raises(RunDirectoryError, match="nothing to resume"):
+        run.load_checkpoint()
+    (run.path / "checkpoint.pt").write_bytes(b"garbage")
+    with pytest.raises(RunDirectoryError, match="corrupt"):
+        run.load_checkpoint()
+    (run.path / "config.json").write_text("{")
+    with pytest.raises(RunDirectoryError, match="corrupt"):
+        RunDirectory.open_existing(run.path)
