@@ -35,6 +35,10 @@ PRESETS = ("tiny", "small", "paper")
 # gradient of x * rsqrt(mean(x^2) + eps) is eps^-1/2, so a larger epsilon keeps it finite-sized.
 _PIXEL_NORM_EPS = 1e-8
 
+# Feature maps are kept channels-last: on CPU (oneDNN) convolutions and nearest upsampling run
+# several times faster in that layout than in NCHW at these small widths. Values are unchanged.
+_CL = torch.channels_last
+
 
 @dataclass(frozen=True)
 class GeneratorSpec:
@@ -126,9 +130,9 @@ class ResNetGenerator(nn.Module):
     def forward(self, z: Tensor, y: Tensor) -> Tensor:
         y_onehot = F.one_hot(y.long(), self.num_classes).to(z.dtype)
         h = self.fc(torch.cat([z, y_onehot], dim=1))
-        h = pixel_norm(F.relu(h.view(z.shape[0], self.spec.channels[0], 4, 4)))
-        h = self.to_image(self.blocks(h))
-        return torch.sigmoid(h[:, :, : IMAGE_SHAPE[1], : IMAGE_SHAPE[2]])
+        h = h.view(z.shape[0], self.spec.channels[0], 4, 4).contiguous(memory_format=_CL)
+        h = self.to_image(self.blocks(pixel_norm(F.relu(h))))
+        return torch.sigmoid(h[:, :, : IMAGE_SHAPE[1], : IMAGE_SHAPE[2]]).contiguous()
 
 
 class ProjectionDiscriminator(nn.Module):
@@ -152,7 +156,7 @@ class ProjectionDiscriminator(nn.Module):
         self.embed = _sn(nn.Embedding(num_classes, features), sn)
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        h = x.view(x.shape[0], *IMAGE_SHAPE)
+        h = x.reshape(x.shape[0], *IMAGE_SHAPE).contiguous(memory_format=_CL)
         for conv in self.convs:
             h = F.relu(conv(h))
         h = h.flatten(1)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.metrics import CommCounter
-from common.privacy import privacy_statement
+from common.privacy import PrivacyLedger, privacy_statement
 
 from .reporting import RunDirectory, format_summary_table
 from .strategies import build_strategy
@@ -186,10 +186,10 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     for c in report["clients"]:
         c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
         c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
-    statement = privacy_statement(
-        {c["client_id"]: c for c in report["clients"]}, cfg=cfg, steps=state.step,
-        epsilon_amplified=report["epsilon_amplified"]["epsilon"],
-    )
+    ledgers = {c["client_id"]: PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"]}
+    statement = privacy_statement(ledgers, delta=cfg.delta, clients_per_step=cfg.clients_per_step,
+                                  num_clients=cfg.num_clients, steps=state.step,
+                                  noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
         "epsilon_amplified": report["epsilon_amplified"],

@@ -42,12 +42,15 @@ ORDERS: tuple[float, ...] = tuple(
     )
 )
 
-# PRV discretisation: Opacus' default eps_error (0.01) puts ~4e7 grid points on GS-WGAN's amplified
-# default (ε≈330) and takes a minute. We try growing eps_error (an *absolute* error that PRV adds
-# to its upper bound, so a coarser mesh stays an upper bound) until the grid fits PRV_MAX_POINTS.
-# Opacus' domain-size rule is only vouched for with eps_error < 1 (see its FIXME), so we stop at 0.5.
+# PRV discretisation. eps_error is an *absolute* error that PRV adds to its upper bound, so a coarser
+# mesh still gives an upper bound. Opacus' default (0.01) puts ~4e7 grid points on GS-WGAN's
+# amplified default (ε≈330) and takes a minute, for a precision nobody needs at that ε. We use the
+# smallest eps_error of PRV_EPS_ERRORS that is at least PRV_RELATIVE_ERROR × (RDP ε) and whose grid
+# fits PRV_MAX_POINTS. Opacus' domain-size rule is only vouched for with eps_error < 1 (see its
+# FIXME in analysis/prv/domain.py), so the ladder stops at 0.5.
 PRV_EPS_ERRORS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
-PRV_MAX_POINTS = 600_000
+PRV_RELATIVE_ERROR = 1e-3
+PRV_MAX_POINTS = 1_200_000
 # exp(t) overflows float64 beyond t≈709.8; PRV evaluates exp on its whole domain [-L, L], so a
 # domain past this bound yields inf/NaN densities (observed: ε=inf for ~60 queries at nm=0.19).
 PRV_MAX_DOMAIN = 650.0
@@ -189,7 +192,7 @@ def _prv_cached(events: tuple[Event, ...], delta: float) -> tuple[float | None, 
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         try:
-            eps_error, reason = _prv_eps_error(events, delta_error)
+            eps_error, reason = _prv_eps_error(events, delta=delta, delta_error=delta_error)
             if eps_error is None:
                 return None, reason
             accountant = PRVAccountant()
@@ -202,8 +205,10 @@ def _prv_cached(events: tuple[Event, ...], delta: float) -> tuple[float | None, 
     return max(eps, 0.0), None
 
 
-def _prv_eps_error(events: tuple[Event, ...], delta_error: float) -> tuple[float | None, str | None]:
-    """Smallest eps_error in PRV_EPS_ERRORS whose grid fits, mirroring PRVAccountant._get_domain."""
+def _prv_eps_error(
+    events: tuple[Event, ...], *, delta: float, delta_error: float
+) -> tuple[float | None, str | None]:
+    """eps_error for PRV (see PRV_EPS_ERRORS), or None and why; grid size as PRVAccountant._get_domain."""
     prvs = [PoissonSubsampledGaussianPRV(sample_rate=q, noise_multiplier=nm) for nm, q, _ in events]
     counts = [count for _, _, count in events]
     # Opacus' bound is max(L, eps_error) + 3 with L from RDP, independent of eps_error otherwise:
@@ -211,7 +216,10 @@ def _prv_eps_error(events: tuple[Event, ...], delta_error: float) -> tuple[float
     base = compute_safe_domain_size(
         prvs=prvs, max_self_compositions=counts, eps_error=0.0, delta_error=delta_error
     )
+    floor = PRV_RELATIVE_ERROR * rdp_epsilon(events, delta=delta)[0]
     for eps_error in PRV_EPS_ERRORS:
+        if eps_error < floor and eps_error != PRV_EPS_ERRORS[-1]:
+            continue
         domain = max(base, eps_error + 3.0)
         if domain > PRV_MAX_DOMAIN:
             return None, (

@@ -1,0 +1,139 @@
+"""Ledger: run-length history, persistence, cached ε, the budget refusal rule, PRV failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.privacy import ledger as ledger_module
+from common.privacy.analysis import rdp_epsilon
+from common.privacy.ledger import PrivacyLedger
+from common.privacy.sanitizer import PrivacyEvent
+
+DELTA = 1e-5
+NM = 1.07 / math.sqrt(32)
+QUERY = PrivacyEvent(noise_multiplier=NM, sample_rate=1.0)
+
+
+def _ledger(*counts_and_nms: tuple[int, float]) -> PrivacyLedger:
+    ledger = PrivacyLedger()
+    for count, nm in counts_and_nms:
+        for _ in range(count):
+            ledger.record(PrivacyEvent(noise_multiplier=nm, sample_rate=1.0))
+    return ledger
+
+
+def test_consecutive_equal_events_are_merged() -> None:
+    ledger = _ledger((3, NM), (1, 0.5), (2, NM))
+    assert [(e.noise_multiplier, e.count) for e in ledger.history] == [(NM, 3), (0.5, 1), (NM, 2)]
+    assert ledger.queries == 6
+    assert ledger.epsilon(delta=DELTA) == pytest.approx(
+        rdp_epsilon([(NM, 1.0, 5), (0.5, 1.0, 1)], delta=DELTA)[0], rel=1e-12
+    )
+
+
+def test_empty_ledger() -> None:
+    ledger = PrivacyLedger()
+    assert ledger.queries == 0 and ledger.epsilon(delta=DELTA) == 0.0
+    assert ledger.epsilon_both(delta=DELTA) == {
+        "epsilon": 0.0, "epsilon_prv": 0.0, "epsilon_prv_reason": None, "order": None, "queries": 0
+    }
+
+
+def test_state_dict_round_trips_through_json() -> None:
+    ledger = _ledger((4, NM), (2, 0.9))
+    state = json.loads(json.dumps(ledger.state_dict()))
+    restored = PrivacyLedger.from_state_dict(state)
+    assert restored == ledger and restored.history == ledger.history
+    assert restored.epsilon(delta=DELTA) == ledger.epsilon(delta=DELTA)
+    other = _ledger((1, 3.0))
+    other.load_state_dict(state)
+    assert other == ledger
+
+
+def test_load_rejects_foreign_state() -> None:
+    with pytest.raises(ValueError):
+        PrivacyLedger.from_state_dict({"history": []})
+    with pytest.raises(ValueError):
+        PrivacyLedger.from_state_dict({"format": "fedgan.privacy_ledger/1",
+                                       "history": [{"noise_multiplier": -1, "sample_rate": 1}]})
+
+
+def test_epsilon_is_cached_until_the_next_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = ledger_module.rdp_epsilon
+    monkeypatch.setattr(ledger_module, "rdp_epsilon", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ledger = _ledger((5, NM))
+    first = ledger.epsilon(delta=DELTA)
+    assert ledger.epsilon(delta=DELTA) == first and ledger.epsilon_both(delta=DELTA)["epsilon"] == first
+    assert len(calls) == 1
+    ledger.record(QUERY)
+    assert ledger.epsilon(delta=DELTA) > first and len(calls) == 2
+
+
+def test_many_identical_queries_cost_the_same_as_one() -> None:
+    ledger = PrivacyLedger()
+    for _ in range(20_000):
+        ledger.record(QUERY)
+    assert len(ledger.history) == 1 and ledger.queries == 20_000
+    start = time.perf_counter()
+    eps = ledger.epsilon(delta=DELTA)
+    assert time.perf_counter() - start < 0.5  # 20,000 separate RDP evaluations would take seconds
+    assert eps == pytest.approx(283082.5281893088, rel=1e-9)
+    assert PrivacyLedger([PrivacyEvent(noise_multiplier=NM, sample_rate=1.0, count=20_000)]) == ledger
+
+
+def test_epsilon_both_reports_prv_beside_rdp() -> None:
+    report = _ledger((20, NM)).epsilon_both(delta=DELTA)
+    assert report["epsilon"] == pytest.approx(390.26383633130706, rel=1e-9)
+    assert report["epsilon_prv"] is not None and report["epsilon_prv"] <= report["epsilon"]
+    assert report["epsilon_prv_reason"] is None and report["queries"] == 20
+    assert 1.0 < report["order"] < 1.5
+    json.dumps(report)
+
+
+def test_prv_failure_is_none_with_reason_in_the_ledger() -> None:
+    ledger = _ledger((60, NM))
+    report = ledger.epsilon_both(delta=DELTA)
+    assert report["epsilon_prv"] is None and "domain" in report["epsilon_prv_reason"]
+    assert ledger.epsilon(delta=DELTA, accountant="prv") is None
+    assert math.isfinite(ledger.epsilon(delta=DELTA, accountant="rdp"))
+    with pytest.raises(ValueError):
+        ledger.epsilon(delta=DELTA, accountant="gdp")
+
+
+def test_no_noise_is_infinite() -> None:
+    ledger = _ledger((1, 0.0))
+    assert ledger.epsilon(delta=DELTA) == math.inf
+    assert ledger.would_exceed(budget=1e9, delta=DELTA, next_event=QUERY)
+
+
+def test_zero_budget_means_no_budget_and_check_does_not_record() -> None:
+    ledger = _ledger((100, NM))
+    assert not ledger.would_exceed(budget=0.0, delta=DELTA, next_event=QUERY)
+    assert ledger.queries == 100
+    with pytest.raises(ValueError):
+        ledger.would_exceed(budget=-1.0, delta=DELTA, next_event=QUERY)
+
+
+@settings(max_examples=40, deadline=None)
+@given(nm=st.floats(0.3, 3.0), budget=st.floats(2.0, 60.0), burst=st.integers(1, 3))
+def test_client_refusing_queries_never_exceeds_its_budget(nm: float, budget: float, burst: int) -> None:
+    """A client answers while ``would_exceed`` is False: its ε ends ≤ budget, and the refused query
+    would indeed have crossed it (the check is tight, not merely safe)."""
+    ledger = PrivacyLedger()
+    query = PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, count=burst)
+    for _ in range(2_000):
+        if ledger.would_exceed(budget=budget, delta=DELTA, next_event=query):
+            break
+        ledger.record(query)
+    else:
+        pytest.fail("budget never reached")
+    assert ledger.epsilon(delta=DELTA) <= budget
+    ledger.record(query)
+    assert ledger.epsilon(delta=DELTA) > budget
