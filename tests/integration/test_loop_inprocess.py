@@ -49,12 +49,12 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_budget_refusals_stop_the_run_cleanly(tmp_path):
-    cfg = cfg_for(tmp_path, steps=50, client_epsilon_budget=60.0, noise_multiplier=2.0)
+    cfg = cfg_for(tmp_path, steps=50, client_epsilon_budget=30.0, noise_multiplier=2.0)
     run, summary = run_inprocess(cfg)
     assert summary["status"].startswith("stopped")
     assert 0 < summary["steps_completed"] < 50
     for c in summary["clients"]:
-        assert c["epsilon"] <= 60.0
+        assert c["epsilon"] <= 30.0
     assert any("refuses" in note for note in summary["notes"])
     assert (run.path / "checkpoint.pt").exists()
 
