@@ -1,9 +1,9 @@
 """The ClientApp: thin handlers that decode, call a pure function, encode. Routing by message type.
 
 ``train.gswgan`` answers one GS-WGAN query; ``query.ledger`` returns the client's own privacy
-ledger (the authority on what it has spent). The first query a node receives carries the run's
-configuration and the directory for its state (``setup``); the node keeps both in
-``context.state`` so later messages stay small.
+ledger (the authority on what it has spent); ``query.hello`` (sent to every node when a run starts
+or resumes) carries the run's configuration and the directory for the node's state, which the node
+keeps in ``context.state`` so that the per-step messages stay small, and returns the node's client id.
 """
 
 from __future__ import annotations
@@ -30,15 +30,10 @@ def client_id_of(context: Context) -> int:
     return int(context.node_config.get("partition-id", context.node_id))
 
 
-def _run_record(context: Context, setup: dict | None) -> ConfigRecord:
-    if setup is not None:
-        record = ConfigRecord({"config": setup["config"], "state_dir": setup["state_dir"],
-                               "version": int(context.state[STATE_KEY]["version"])
-                               if STATE_KEY in context.state else 0})
-        context.state[STATE_KEY] = record
+def _run_record(context: Context) -> ConfigRecord:
     if STATE_KEY not in context.state:
-        raise RuntimeError("this node received a query before its setup; the server must send "
-                           "the run configuration with the first query to each node")
+        raise RuntimeError("this node received a query before the run's hello message; the server "
+                           "sends the run configuration in a query.hello to every node first")
     return context.state.config_records[STATE_KEY]
 
 
@@ -46,10 +41,20 @@ def _config(record: ConfigRecord) -> ExperimentConfig:
     return ExperimentConfig.from_mapping(json.loads(str(record["config"])))
 
 
+@app.query("hello")
+def handle_hello(message: Message, context: Context) -> Message:
+    """Keep the run's configuration and state directory; answer with this node's client id."""
+    _, setup = decode_records(message.content)
+    version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
+    context.state[STATE_KEY] = ConfigRecord({"config": str(setup["config"]),
+                                             "state_dir": str(setup["state_dir"]), "version": version})
+    return Message(encode_records({}, {"client_id": client_id_of(context)}), reply_to=message)
+
+
 @app.train("gswgan")
 def handle_gswgan(message: Message, context: Context) -> Message:
-    query, setup = decode_query(message.content)
-    record = _run_record(context, setup)
+    query, _ = decode_query(message.content)
+    record = _run_record(context)
     cfg = _config(record)
     torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
     state = load_state(cfg, client_id_of(context), str(record["state_dir"]), int(record["version"]))
@@ -63,8 +68,7 @@ def handle_gswgan(message: Message, context: Context) -> Message:
 @app.query("ledger")
 def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from the authority."""
-    _, scalars = decode_records(message.content)
-    record = _run_record(context, scalars if "config" in scalars else None)
+    record = _run_record(context)
     cfg = _config(record)
     cid = client_id_of(context)
     state = load_state(cfg, cid, str(record["state_dir"]), int(record["version"]))

@@ -10,12 +10,13 @@ issue cross-checks it against the SuperLink's own counters.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.app.message import remove_content_from_message
+from flwr.app.message import make_message
 from flwr.common.serde import message_to_proto
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
@@ -40,12 +41,23 @@ class WireBytes:
 
 
 def message_wire_bytes(message: Message) -> WireBytes:
-    """Bytes Flower's runtime puts on the wire for ``message`` (HTTP framing not included)."""
-    objects = get_all_nested_objects(message)
+    """Bytes Flower's runtime puts on the wire for ``message`` (HTTP framing not included).
+
+    The envelope is normalised to what the sender transmits in a deployment, whichever runtime
+    carried the message here: message ids are 64-hex-digit object ids (the simulation uses shorter
+    UUIDs), and ``delivered_at``, stamped by the receiving side, is not counted.
+    """
+    metadata = copy.copy(message.metadata)
+    fields = metadata.__dict__
+    fields["_message_id"] = "0" * 64
+    if fields.get("_reply_to_message_id"):
+        fields["_reply_to_message_id"] = "0" * 64
+    fields["_delivered_at"] = ""
+    normalized = make_message(metadata=metadata, content=message.content)
+    objects = get_all_nested_objects(normalized)
     payload = sum(len(obj.deflate()) for obj in objects.values())
-    envelope_msg = remove_content_from_message(message)
-    envelope_msg.metadata.__dict__["_message_id"] = message.object_id
-    envelope = message_to_proto(envelope_msg).ByteSize() + get_object_tree(message).ByteSize()
+    envelope_msg = make_message(metadata=metadata, content=RecordDict())
+    envelope = message_to_proto(envelope_msg).ByteSize() + get_object_tree(normalized).ByteSize()
     return WireBytes(payload=payload, envelope=envelope)
 
 

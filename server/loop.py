@@ -8,6 +8,7 @@ cleanly, with a checkpoint and a summary, when nobody is left to ask.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.metrics import CommCounter
@@ -22,10 +24,10 @@ from common.privacy import PrivacyLedger, privacy_statement
 
 from .reporting import RunDirectory, format_summary_table
 from .strategies import build_strategy
-from .strategies.base import Strategy
+from .strategies.base import Outgoing, Strategy
 from .transport import Exchange
 
-EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 3, 130
+MSG_HELLO = "query.hello"
 
 
 class Transport(Protocol):
@@ -53,10 +55,34 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
+    nodes = _handshake(cfg, run, transport, strategy, state, nodes)
     status = _train(cfg, run, transport, strategy, state, nodes)
     _fetch_ledgers(transport, strategy, state)
     summary = _finish(cfg, run, strategy, state, status, transport_name)
     return summary
+
+
+def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
+               state: LoopState, nodes: list[int]) -> list[int]:
+    """Send every node the run's config and state directory; learn its client id.
+
+    Returns the nodes ordered by client id, so that the server's sampling (and thus the whole run)
+    depends on the seed only, not on the random node ids a Flower runtime assigns.
+    """
+    setup = {"config": json.dumps(cfg.to_dict()), "state_dir": str(run.state_dir)}
+    exchange = transport.exchange([Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
+    mapping = {}
+    for reply in exchange.replies:
+        if reply.content is None:
+            raise RuntimeError(f"node {reply.node_id} did not answer the run's hello: {reply.error}")
+        mapping[reply.node_id] = int(decode_records(reply.content)[1]["client_id"])
+    if sorted(mapping.values()) != list(range(cfg.num_clients)):
+        raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
+                           "each node needs a distinct partition-id below num_clients")
+    strategy.bind_nodes(mapping)
+    state.comm.add_control(sum(t for t, _ in exchange.bytes_down.values()),
+                           sum(t for t, _ in exchange.bytes_up.values()))
+    return sorted(nodes, key=mapping.__getitem__)
 
 
 def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
@@ -115,7 +141,7 @@ def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, stat
 
 def _client_key(strategy: Strategy, node: int) -> int:
     """Bytes are reported per client (partition) id; -1 stands for a node that never identified."""
-    return getattr(strategy, "node_client", {}).get(node, -1)
+    return strategy.node_client.get(node, -1)
 
 
 def _count_bytes(strategy: Strategy, comm: CommCounter, exchange: Exchange) -> None:
@@ -169,7 +195,8 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
 
 def _fetch_ledgers(transport: Transport, strategy: Strategy, state: LoopState) -> None:
     """Ask every client that answered for its own ledger: privacy.json is written from those."""
-    contacted = [n for n in getattr(strategy, "node_client", {}) if n not in state.failed]
+    contacted = [n for n, cid in strategy.node_client.items()
+                 if n not in state.failed and cid in getattr(strategy, "ledgers", {})]
     queries = strategy.ledger_queries(contacted)
     if not queries:
         return

@@ -62,11 +62,12 @@ class FlowerTransport:
 class InProcessTransport:
     """Calls the ClientApp directly with one persistent Context per node (no Flower runtime)."""
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = (1 << 62) + 7) -> None:
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
+        # Ids are 64-bit like the runtime's random ones, so envelopes have realistic sizes.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
         self.app = client_app
         self.contexts = {
             (1 << 62) + i: Context(run_id=run_id, node_id=(1 << 62) + i,
@@ -82,7 +83,7 @@ class InProcessTransport:
         down, replies = {}, {}
         for o in outgoing:
             message = Message(o.content, dst_node_id=o.node_id, message_type=o.message_type)
-            message.metadata.__dict__["_message_id"] = message.object_id
+            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's runtime does
             down[o.node_id] = _count(message)
             replies[o.node_id] = self.app(message, self.contexts[o.node_id])
         return _collect(outgoing, replies, down, timeout_s=0)

@@ -44,6 +44,11 @@ class StepOutcome:
 
 class Strategy(ABC):
     name: str = ""
+    node_client: dict[int, int]
+
+    def bind_nodes(self, node_client: dict[int, int]) -> None:
+        """Learn which client (partition) each node holds, from the run's hello exchange."""
+        self.node_client = dict(node_client)
 
     @abstractmethod
     def select_nodes(self, available: list[int]) -> list[int]:

@@ -43,7 +43,6 @@ class GsWganStrategy(Strategy):
         self.ledgers: dict[int, PrivacyLedger] = {}
         self.authoritative: dict[int, PrivacyLedger] = {}
         self.node_client: dict[int, int] = {}
-        self.setup_sent: set[int] = set()
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
 
@@ -61,7 +60,7 @@ class GsWganStrategy(Strategy):
             self._attached[node] = attached
             query = GsQuery(step=step, batch_size=self.cfg.batch_size,
                             fake=to_wire(fakes.numpy(), self.cfg.wire_dtype), labels=labels.numpy())
-            out.append(Outgoing(node, MSG_QUERY, encode_query(query, self._setup_for(node))))
+            out.append(Outgoing(node, MSG_QUERY, encode_query(query)))
         return out
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
@@ -109,15 +108,9 @@ class GsWganStrategy(Strategy):
         ledger.record(PrivacyEvent(noise_multiplier=answer.noise_multiplier, sample_rate=answer.sample_rate))
         return answer
 
-    def _setup_for(self, node: int) -> dict[str, Any] | None:
-        if node in self.setup_sent:
-            return None
-        self.setup_sent.add(node)
-        return {"config": json.dumps(self.cfg.to_dict()), "state_dir": self.state_dir}
-
     # --- end of run: the clients' own ledgers --------------------------------------------------
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
-        return [Outgoing(n, MSG_LEDGER, encode_records({}, self._setup_for(n) or {})) for n in nodes]
+        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
 
     def absorb_ledgers(self, replies: list[Incoming]) -> None:
         for reply in replies:

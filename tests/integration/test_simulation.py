@@ -79,9 +79,10 @@ def test_bytes_match_the_inprocess_run_of_the_same_seed(flower_run, tmp_path):
     assert error is None, error
     assert [c["queries"] for c in inproc["clients"]] == [c["queries"] for c in summary["clients"]]
     for a, b in zip(inproc["clients"], summary["clients"]):
-        # node ids are random 64-bit varints in Flower and fixed in-process: a few bytes per message
-        assert abs(a["bytes_down"] - b["bytes_down"]) <= 4 * a["queries"] + 8
-        assert abs(a["bytes_up"] - b["bytes_up"]) <= 4 * a["queries"] + 8
+        # run, node and task ids are random 64-bit varints in Flower (9 or 10 bytes each) and fixed
+        # in-process: at most a few bytes per message apart
+        assert abs(a["bytes_down"] - b["bytes_down"]) <= 8 * a["queries"]
+        assert abs(a["bytes_up"] - b["bytes_up"]) <= 8 * a["queries"]
     per_step = summary["comm"]["bytes_per_step"]
     B, n = cfg.batch_size, cfg.n_critic
     assert (n + 1) * B * 784 * 4 < per_step["down"] < (n + 1) * B * 784 * 4 + 6000  # + setup once
