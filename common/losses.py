@@ -110,7 +110,8 @@ def generator_sample_grads(D: nn.Module, fake: Tensor, y: Tensor) -> Tensor:
 
     Because D never mixes samples, the gradient of the summed score w.r.t. the batch is exactly
     the stack of per-sample gradients. Computed on a detached copy with ``torch.autograd.grad``,
-    so neither D's parameter ``.grad`` nor the generator's graph is touched.
+    so neither D's parameter ``.grad`` nor the generator's graph is touched. (In training mode
+    D's spectral norm still advances its power iteration, which depends on D's weights only.)
     """
     x = fake.detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(-D(x, y).sum(), x)

@@ -43,7 +43,9 @@ def test_paper_preset_matches_official_parameter_counts() -> None:
 
 
 def test_presets_are_ordered_by_size() -> None:
-    sizes = {p: (count_params(build_generator(p)), count_params(build_discriminator(p))) for p in PRESETS}
+    sizes = {
+        p: (count_params(build_generator(p)), count_params(build_discriminator(p))) for p in PRESETS
+    }
     assert sizes["tiny"][0] < sizes["small"][0] < sizes["paper"][0]
     assert sizes["tiny"][1] < sizes["small"][1] < sizes["paper"][1]
     assert sizes["tiny"][0] < 50_000 and sizes["tiny"][1] < 50_000
@@ -84,13 +86,16 @@ def test_count_params_ignores_buffers() -> None:
     n_buffers = sum(b.numel() for b in D.buffers())
     assert n_buffers > 0  # spectral norm's u and v
     assert count_params(D) == sum(p.numel() for p in D.parameters())
+    assert count_params(ema_init(D)) == count_params(D)  # frozen parameters still count
     assert count_params(nn.Linear(3, 2)) == 8
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_layers_are_spectrally_normalized(preset: str) -> None:
     for model in (build_generator(preset), build_discriminator(preset)):
-        weighted = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))]
+        weighted = [
+            m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))
+        ]
         assert weighted and all(parametrize.is_parametrized(m, "weight") for m in weighted)
 
 
