@@ -7,6 +7,7 @@ A run that does not complete raises, so Flower marks the run as failed rather th
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ class RunIncomplete(RuntimeError):
 
 
 def make_server_app(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, result: RunResult,
-                    transport_name: str = "flower-simulation") -> ServerApp:
+                    transport_name: str = "flower-simulation",
+                    stop: threading.Event | None = None) -> ServerApp:
     server_app = ServerApp()
 
     @server_app.main()
@@ -42,7 +44,7 @@ def make_server_app(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, r
         logging.getLogger("flwr").setLevel(logging.WARNING)
         try:
             result.summary = run_experiment(cfg, run, FlowerTransport(grid), resume=resume,
-                                            transport_name=transport_name)
+                                            transport_name=transport_name, stop=stop)
         except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
             result.error = err
 

@@ -9,6 +9,7 @@ cleanly, with a checkpoint and a summary, when nobody is left to ask.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,15 +49,20 @@ class LoopState:
 
 
 def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
-                   resume: bool = False, transport_name: str = "flower-simulation") -> dict[str, Any]:
-    """Run (or continue) ``cfg`` in ``run``; returns summary.json's content."""
+                   resume: bool = False, transport_name: str = "flower-simulation",
+                   stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run (or continue) ``cfg`` in ``run``; returns summary.json's content.
+
+    ``stop`` lets another thread (the CLI's Ctrl-C handler when the loop runs in Flower's server
+    thread) end the run after the current step, with a checkpoint and a summary.
+    """
     strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir))
     state = _restore(run, strategy) if resume else LoopState()
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
     nodes = _handshake(cfg, run, transport, strategy, state, nodes)
-    status = _train(cfg, run, transport, strategy, state, nodes)
+    status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
     _fetch_ledgers(transport, strategy, state)
     summary = _finish(cfg, run, strategy, state, status, transport_name)
     return summary
@@ -94,7 +100,7 @@ def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
 
 
 def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
-           state: LoopState, nodes: list[int]) -> str:
+           state: LoopState, nodes: list[int], stop: threading.Event) -> str:
     started = time.monotonic()
     base_wall = state.wall_s
     status = "completed"
@@ -102,6 +108,9 @@ def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strat
                desc=f"{cfg.strategy} steps", dynamic_ncols=True)
     try:
         while state.step < cfg.steps:
+            if stop.is_set():
+                status = "interrupted"
+                break
             available = [n for n in nodes if n not in state.exhausted and n not in state.failed]
             if not available:
                 status = "stopped: no client can answer (budgets exhausted or clients failed)"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 
 from common.config import ExperimentConfig
@@ -52,16 +54,34 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool):
 
     _quiet_flower()
     result = RunResult()
-    server_app = make_server_app(cfg, run, resume=resume, result=result)
+    stop = threading.Event()
+    server_app = make_server_app(cfg, run, resume=resume, result=result, stop=stop)
     cpus = os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True}}
+    previous = _stop_on_ctrl_c(stop)
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=cfg.num_clients,
                        backend_config=backend)
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return result.summary, result.error
+
+
+def _stop_on_ctrl_c(stop: threading.Event):
+    """First Ctrl-C: finish the current step, checkpoint, summarize. Second: Python's default."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        print("\nfedgan: stopping after this step (Ctrl-C again to abort)", file=sys.stderr, flush=True)
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return signal.signal(signal.SIGINT, handler)
 
 
 def _quiet_flower() -> None:
