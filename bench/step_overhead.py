@@ -55,21 +55,24 @@ def main() -> None:
             results[arm].append(one_arm(arm, cfg))
     med = {arm: statistics.median(r["step_s"] for r in runs) for arm, runs in results.items()}
     ct = results["flower"][0]["bytes_per_step"]
-    same_bytes = all(r["bytes_per_step"] == ct for runs in results.values() for r in runs)
+    # Flower assigns random 64-bit run/node ids (varints of 9 or 10 bytes), so arms may differ by a
+    # few bytes per message; report the largest relative difference rather than claim equality.
+    rel_diff = max(abs(r["bytes_per_step"][k] - ct[k]) / ct[k]
+                   for runs in results.values() for r in runs for k in ("down", "up"))
     out = {
         "config": cfg.to_dict(),
         "runs": results,
         "median_step_s": med,
         "ratio_flower_over_inprocess": med["flower"] / med["inprocess"],
         "bytes_per_step": ct,
-        "bytes_identical_across_arms": same_bytes,
+        "bytes_per_step_max_rel_diff_across_arms": rel_diff,
     }
     path = ROOT / "bench" / "results" / "step_overhead.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"step_overhead: in-process {med['inprocess']*1e3:.0f} ms/step, flower simulation "
           f"{med['flower']*1e3:.0f} ms/step, ratio {out['ratio_flower_over_inprocess']:.2f}x; "
-          f"CT down {ct['down']:,.0f} B up {ct['up']:,.0f} B per step (identical across arms: {same_bytes}) "
+          f"CT down {ct['down']:,.0f} B up {ct['up']:,.0f} B per step (arms differ by at most {rel_diff:.1e}) "
           f"-> {path.relative_to(ROOT)}")
 
 

@@ -96,7 +96,11 @@ class ExperimentConfig:
     log_every: int = _f(10, "write a metrics.jsonl line every N generator steps")
     sample_every: int = _f(100, "write a sample grid every N generator steps (and at the end)")
     checkpoint_every: int = _f(100, "write checkpoint.pt every N generator steps (and at the end)")
-    eval: bool = _f(True, "evaluate the released generator at the end of the run")
+    eval: bool = _f(
+        True,
+        "evaluate the released generator at the end of the run (FID/IS/utility arrive with the "
+        "evaluation issue; today the end of a run writes the final sample grid only)",
+    )
     progress: bool = _f(True, "show a progress bar")
 
     def __post_init__(self) -> None:

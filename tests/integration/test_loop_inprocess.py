@@ -93,3 +93,14 @@ def test_resume_of_a_missing_or_corrupt_run_is_a_clear_error(tmp_path):
     (run.path / "config.json").write_text("{")
     with pytest.raises(RunDirectoryError, match="corrupt"):
         RunDirectory.open_existing(run.path)
+
+
+def test_float16_wire_halves_the_tensor_bytes(tmp_path):
+    _, f32 = run_inprocess(cfg_for(tmp_path, "f32", steps=3))
+    _, f16 = run_inprocess(cfg_for(tmp_path, "f16", steps=3, wire_dtype="float16"))
+    B, n = 8, 2
+    up32, up16 = f32["comm"]["bytes_per_step"]["up"], f16["comm"]["bytes_per_step"]["up"]
+    down32, down16 = f32["comm"]["bytes_per_step"]["down"], f16["comm"]["bytes_per_step"]["down"]
+    assert up32 - up16 == pytest.approx(B * 784 * 2, abs=64)
+    assert down32 - down16 == pytest.approx((n + 1) * B * 784 * 2, abs=64)
+    assert f16["wire_dtype"] == "float16"
