@@ -64,6 +64,11 @@ class RunDirectory:
         if (path / CHECKPOINT).exists():
             raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
                                     "or choose another --out")
+        if path.exists() and any(path.iterdir()):
+            # A run that died before its first checkpoint leaves client state (and spent privacy)
+            # behind; a new run must not silently inherit it.
+            raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "
+                                    "checkpoint?); delete it or choose another --out")
         run = cls(path)
         (run.path / "samples").mkdir(parents=True, exist_ok=True)
         (run.path / "clients").mkdir(exist_ok=True)

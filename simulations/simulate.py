@@ -19,10 +19,14 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
     """Run ``cfg`` and print the summary table; the exit code says whether the run completed."""
     from server.loop import print_summary
 
-    if transport == "inprocess":
-        summary, error = _run_inprocess(cfg, run, resume)
-    else:
-        summary, error = _run_flower(cfg, run, resume)
+    stop = threading.Event()
+    previous = _stop_on_signals(stop)
+    try:
+        runner = _run_inprocess if transport == "inprocess" else _run_flower
+        summary, error = runner(cfg, run, resume, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if error is not None:
         print(f"fedgan: the run failed: {type(error).__name__}: {error}", file=sys.stderr)
         print(f"run directory (checkpoint kept): {run.path}", file=sys.stderr)
@@ -34,19 +38,21 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
     return EXIT_INTERRUPTED if summary["status"] == "interrupted" else EXIT_STOPPED
 
 
-def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool):
+def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
+                   stop: threading.Event | None = None):
     from client.app import app as client_app
     from server.loop import run_experiment
     from server.transport import InProcessTransport
 
     try:
         transport = InProcessTransport(client_app, cfg.num_clients)
-        return run_experiment(cfg, run, transport, resume=resume, transport_name="inprocess"), None
+        return run_experiment(cfg, run, transport, resume=resume, transport_name="inprocess", stop=stop), None
     except Exception as err:  # noqa: BLE001 - reported with its type and message
         return None, err
 
 
-def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool):
+def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
+                stop: threading.Event | None = None):
     from flwr.simulation import run_simulation
 
     from client.app import app as client_app
@@ -54,34 +60,33 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool):
 
     _quiet_flower()
     result = RunResult()
-    stop = threading.Event()
     server_app = make_server_app(cfg, run, resume=resume, result=result, stop=stop)
     cpus = os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True}}
-    previous = _stop_on_ctrl_c(stop)
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=cfg.num_clients,
                        backend_config=backend)
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     return result.summary, result.error
 
 
-def _stop_on_ctrl_c(stop: threading.Event):
-    """First Ctrl-C: finish the current step, checkpoint, summarize. Second: Python's default."""
+def _stop_on_signals(stop: threading.Event) -> dict:
+    """First Ctrl-C or SIGTERM: finish the current step, checkpoint, summarize. Second Ctrl-C: abort.
+
+    The round loop runs in Flower's server thread, where KeyboardInterrupt never arrives, so the
+    signal only sets an event that the loop checks between steps.
+    """
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
 
     def handler(signum, frame):
         print("\nfedgan: stopping after this step (Ctrl-C again to abort)", file=sys.stderr, flush=True)
         stop.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    return signal.signal(signal.SIGINT, handler)
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _quiet_flower() -> None:

@@ -45,6 +45,10 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
     assert {"bytes_per_step", "bytes_down_total", "bytes_up_total"} <= set(summary["comm"])
     assert main(["simulate", "--out", str(out), *TINY]) == 2          # refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / "config.json").write_text("{}")
+    assert main(["simulate", "--out", str(tmp_path / "crashed"), *TINY]) == 2
+    assert "not empty" in capsys.readouterr().err
     assert main(["simulate", "--resume", str(out), "--clip", "2.0"]) == 2
     assert "cannot change clip" in capsys.readouterr().err
     assert main(["simulate", "--resume", str(out), "--steps", "5", "--no-progress", "--transport", "inprocess"]) == 0
