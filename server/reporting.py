@@ -11,6 +11,7 @@ Every file that a crash could leave half-written is written to a temporary name 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -45,7 +46,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+    text = json.dumps(finite_json(obj), indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def finite_json(obj: Any) -> Any:
+    """Strict JSON: an infinite or undefined number (ε with σ=0) becomes null, never Infinity/NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
 
 
 def _json_default(obj: Any) -> Any:
@@ -96,7 +109,7 @@ class RunDirectory:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+            fh.write(json.dumps(finite_json(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n")
 
     def truncate_metrics(self, after_step: int) -> None:
         """On resume, drop metric lines written after the checkpoint being resumed."""

@@ -104,3 +104,25 @@ def test_float16_wire_halves_the_tensor_bytes(tmp_path):
     assert up32 - up16 == pytest.approx(B * 784 * 2, abs=64)
     assert down32 - down16 == pytest.approx((n + 1) * B * 784 * 2, abs=64)
     assert f16["wire_dtype"] == "float16"
+
+
+def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
+    """Catches a wrong sign or scale anywhere between the client's gradient and G's update."""
+    from common.data import load_client_partition
+    from common.models import build_generator, sample_latent
+
+    cfg = cfg_for(tmp_path, steps=40, num_clients=1, noise_multiplier=0.0, clip=1000.0, lr_g=2e-3,
+                  lr_d=2e-3, ema_decay=0.0, synthetic_samples_per_writer=64)
+    run, summary = run_inprocess(cfg)
+    written = json.loads((run.path / "summary.json").read_text())
+    assert written["epsilon_max"] is None  # σ = 0: unbounded, written as null, never as a number
+    torch.manual_seed(cfg.seed)
+    g = build_generator("tiny")
+    g.load_state_dict(torch.load(run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]["model"])
+    z, y = sample_latent(256, 10, generator=torch.Generator().manual_seed(0)), torch.arange(256) % 10
+    initial = build_generator("tiny")
+    real_mean = load_client_partition(cfg, 0).images.mean().item()
+    with torch.no_grad():
+        before = abs(initial(z, y).mean().item() - real_mean)
+        after = abs(g(z, y).mean().item() - real_mean)
+    assert after < 0.5 * before
