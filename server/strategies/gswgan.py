@@ -136,7 +136,7 @@ class GsWganStrategy(Strategy):
                 entry["ledger"] = ledger.state_dict()
             clients.append(entry)
         nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-        q = cfg.clients_per_step / cfg.num_clients
+        q = cfg.clients_per_step / len(cfg.participants())
         amplified = amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=self.steps_done,
                                       delta=cfg.delta)
         return {

@@ -1,0 +1,1 @@
+"""Evaluation of generated samples: FID, domain FID, Inception Score and downstream utility."""

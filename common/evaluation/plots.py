@@ -1,0 +1,377 @@
+"""Figures of a run: ε per client, ε vs FID, training curves, bytes per step, sample grids.
+
+Every function draws on its own ``matplotlib.figure.Figure`` with the Agg canvas (no pyplot, so no
+display, no global figure registry and no backend switch for the rest of the process), writes one
+PNG atomically (temporary file + rename, so a reader never sees half an image) and returns its path.
+
+Inputs are the plain dicts of the run directory (``summary.json``, ``metrics.jsonl`` rows): keys
+may be missing and ε may be ``null`` (unbounded against an untrusted server, DESIGN §3), and every
+function draws what it has instead of failing on a partial run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+DPI = 120
+MAX_BARS = 60  # above this many clients the per-client ε becomes a histogram
+AMPLIFIED_LABEL = "trusted sampling (assumption)"
+METRIC_LABELS = {
+    "fid": "FID, Inception pool3 (lower is better)",
+    "fid_domain": "domain FID, project classifier (lower is better)",
+    "inception_score": "Inception Score (higher is better)",
+}
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _new_figure(width_in: float, height_in: float, nrows: int = 1, ncols: int = 1, **kw: Any):
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """PNG to a temporary file in the target folder, then renamed: atomic on POSIX."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        fig.clear()  # a Figure outside pyplot is freed with its last reference; drop the artists now
+    return path
+
+
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number, else None (null, NaN, ∞, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def format_bytes(n: float | None) -> str:
+    """Decimal units, as network traffic is usually quoted: 605722 -> '606 kB'."""
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _delta_text(delta: Any) -> str:
+    return f"δ = {delta:g}" if finite_or_none(delta) is not None else "δ not recorded"
+
+
+def _no_data(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# --- ε per client ----------------------------------------------------------------------------------
+def client_epsilons(summary: dict) -> list[tuple[Any, float | None, int]]:
+    """(client id, ε, queries) per client: 0 for a client that answered nothing, None when unbounded."""
+    rows = []
+    for i, client in enumerate(summary.get("clients") or []):
+        queries = int(client.get("queries") or 0)
+        eps = 0.0 if queries == 0 else finite_or_none(client.get("epsilon"))
+        rows.append((client.get("client_id", i), eps, queries))
+    return rows
+
+
+def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
+    """Per-client ε (untrusted server), sorted bars up to 60 clients, a histogram above that.
+
+    Unbounded clients (ε null: the server sees raw updates) are drawn as hatched bars reaching the top
+    and counted in the title; the amplified ε, which assumes the server samples clients uniformly,
+    is a dashed line labelled as that assumption.
+    """
+    rows = client_epsilons(summary)
+    finite = sorted((r for r in rows if r[1] is not None), key=lambda r: r[1])
+    unbounded = [r for r in rows if r[1] is None]
+    amp = finite_or_none((summary.get("epsilon_amplified") or {}).get("epsilon"))
+    idle = sum(r[2] == 0 for r in rows)
+    fig, axes = _new_figure(9, 4.8)
+    ax = axes[0, 0]
+    notes = [f"{len(rows)} clients", f"{idle} answered no query (ε = 0)"]
+    if unbounded:
+        notes.append(f"{len(unbounded)} unbounded (ε = ∞, raw updates visible to the server)")
+    strategy = summary.get("strategy")
+    ax.set_title(f"Per-client ε against an untrusted server ({_delta_text(summary.get('delta'))}"
+                 f"{', ' + str(strategy) if strategy else ''})\n" + " · ".join(notes), fontsize=11)
+    if not rows:
+        _no_data(ax, "no clients in summary.json")
+    elif len(rows) <= MAX_BARS:
+        _epsilon_bars(ax, finite, unbounded, amp)
+    else:
+        _epsilon_histogram(ax, [r[1] for r in finite], amp)
+    ax.set_ylabel(ax.get_ylabel(), fontsize=10)
+    return _save(fig, path)
+
+
+def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
+    values = [r[1] for r in finite]
+    top = max(values + ([amp] if amp is not None else []) + [0.0]) * 1.15 or 1.0
+    x = np.arange(len(finite) + len(unbounded))
+    colors = ["0.7" if r[2] == 0 else "C0" for r in finite]
+    ax.bar(x[: len(finite)], values, color=colors, edgecolor="white", label="ε of the client's own queries")
+    if any(r[2] == 0 for r in finite):
+        ax.bar([], [], color="0.7", label="no query answered (ε = 0)")
+    if unbounded:
+        ax.bar(x[len(finite):], [top] * len(unbounded), color="none", edgecolor="C3", hatch="//",
+               label="unbounded (ε = ∞)")
+    if amp is not None:
+        ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5,
+                   label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+    ax.set_ylim(0, top)
+    ax.set_xlim(-0.6, len(x) - 0.4)
+    ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if len(x) > 20 else 0,
+                  fontsize=8 if len(x) > 20 else 10)
+    ax.set_xlabel("client id (sorted by ε)")
+    ax.set_ylabel("ε (per client, no amplification)")
+    ax.legend(loc="upper left", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _epsilon_histogram(ax, values: list[float], amp: float | None) -> None:
+    if values:
+        ax.hist(values, bins=min(30, max(5, len(set(values)))), color="C0", edgecolor="white",
+                label="clients (ε = 0: answered nothing)")
+    if amp is not None:
+        ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5,
+                   label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+    ax.set_xlabel("ε per client (no amplification)")
+    ax.set_ylabel("number of clients")
+    if values or amp is not None:
+        ax.legend(loc="upper right", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+# --- ε vs FID --------------------------------------------------------------------------------------
+def _metric_value(value: Any) -> tuple[float | None, float | None]:
+    """(value, error bar) from a number, an ``[mean, std]`` pair or a ``{"mean", "std"}``/``{"value"}`` dict."""
+    if isinstance(value, dict):
+        if "mean" in value:
+            return finite_or_none(value.get("mean")), finite_or_none(value.get("std"))
+        return finite_or_none(value.get("value")), None
+    if isinstance(value, (list, tuple)) and value:
+        return finite_or_none(value[0]), finite_or_none(value[1]) if len(value) > 1 else None
+    return finite_or_none(value), None
+
+
+def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid",
+                        delta: float | None = None) -> Path:
+    """``metric`` of checkpoints of one run against the ε spent by then (max over clients).
+
+    ``points`` are ``{"step", "epsilon_max", metric}`` (``delta`` may ride along in each point);
+    points where either value is missing or None are left out and counted in the title.
+    """
+    delta = delta if delta is not None else next((p["delta"] for p in points if "delta" in p), None)
+    data = []
+    for p in points:
+        eps = finite_or_none(p.get("epsilon_max"))
+        value, err = _metric_value(p.get(metric))
+        if eps is not None and value is not None:
+            data.append((p.get("step"), eps, value, err))
+    data.sort(key=lambda d: (d[1], d[0] if d[0] is not None else -1))
+    fig, axes = _new_figure(7.5, 5)
+    ax = axes[0, 0]
+    label = METRIC_LABELS.get(metric, metric)
+    skipped = len(points) - len(data)
+    ax.set_title(f"{label.split(' (')[0]} vs privacy spent ({_delta_text(delta)})"
+                 + (f"\n{skipped} of {len(points)} checkpoints without a value left out" if skipped else ""),
+                 fontsize=11)
+    if not data:
+        _no_data(ax, f"no checkpoint has both ε and {metric}")
+        return _save(fig, path)
+    steps, eps, values, errs = zip(*data)
+    ax.errorbar(eps, values, yerr=[e or 0.0 for e in errs] if any(errs) else None, marker="o",
+                color="C0", capsize=3, linewidth=1.5)
+    every = max(1, math.ceil(len(data) / 12))
+    for i, (step, x, y, _) in enumerate(data):
+        if step is not None and (i % every == 0 or i == len(data) - 1):
+            ax.annotate(f"step {step}", (x, y), textcoords="offset points", xytext=(5, 6), fontsize=8)
+    if len(data) > 1 and min(eps) > 0 and max(eps) / min(eps) > 50:
+        ax.set_xscale("log")
+    ax.margins(x=0.15, y=0.15)
+    ax.set_xlabel("ε spent, max over clients (untrusted server)")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+# --- training curves -------------------------------------------------------------------------------
+def _series(metrics: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key``, skipping rows without it; a repeated step keeps its last row."""
+    by_step: dict[float, float] = {}
+    for row in metrics:
+        step, value = finite_or_none(row.get("step")), finite_or_none(row.get(key))
+        if step is not None and value is not None:
+            by_step[step] = value
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def plot_training_curves(metrics: list[dict], path: Path, *, delta: float | None = None) -> Path:
+    """ε (max, median and amplified) and the Wasserstein estimate against the generator step."""
+    fig, axes = _new_figure(8, 6.5, nrows=2, sharex=True)
+    ax_eps, ax_w = axes[0, 0], axes[1, 0]
+    drawn = False
+    for key, label, style in (
+        ("privacy/epsilon_max", "ε max over clients", dict(color="C3")),
+        ("privacy/epsilon_median", "ε median over clients", dict(color="C0")),
+        ("privacy/epsilon_amplified", f"amplified ε, {AMPLIFIED_LABEL}", dict(color="C3", linestyle=":")),
+    ):
+        steps, values = _series(metrics, key)
+        if steps:
+            ax_eps.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label, **style)
+            drawn = True
+    ax_eps.set_title(f"Privacy spent ({_delta_text(delta)}; per-client ε, untrusted server)", fontsize=11)
+    if drawn:
+        ax_eps.legend(fontsize=9)
+        ax_eps.set_ylabel("ε")
+        ax_eps.grid(alpha=0.3)
+    else:
+        _no_data(ax_eps, "no privacy/epsilon_* values in metrics.jsonl")
+    steps, values = _series(metrics, "train/wasserstein")
+    ax_w.set_title("Critic's Wasserstein estimate", fontsize=11)
+    if steps:
+        ax_w.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, color="C2")
+        ax_w.axhline(0, color="0.5", linewidth=0.8)
+        ax_w.set_ylabel("E[D(real)] − E[D(fake)]\n(critic output units)")
+        ax_w.grid(alpha=0.3)
+    else:
+        _no_data(ax_w, "no train/wasserstein values in metrics.jsonl")
+    ax_w.set_xlabel("generator step")
+    ax_w.tick_params(labelbottom=True)
+    return _save(fig, path)
+
+
+# --- bytes per step --------------------------------------------------------------------------------
+def _bytes_per_step(run: dict) -> dict:
+    comm = run.get("comm") or {}
+    return comm.get("bytes_per_step") or run.get("bytes_per_step") or {}
+
+
+def plot_bytes_per_step(runs: list[dict], path: Path) -> Path:
+    """Bytes per generator step per participating client, down and up, one bar group per run.
+
+    Each run is a ``summary.json`` dict (or anything with ``comm.bytes_per_step`` or
+    ``bytes_per_step``); its label is ``run["label"]``, else its strategy. Log scale: Fed-Avg GAN
+    ships whole discriminators and is orders of magnitude above GS-WGAN.
+    """
+    labels = [str(r.get("label") or r.get("strategy") or f"run {i + 1}") for i, r in enumerate(runs)]
+    fig, axes = _new_figure(max(6.0, 1.6 * len(runs) + 3), 4.8)
+    ax = axes[0, 0]
+    ax.set_title("Communication per generator step, per participating client", fontsize=11)
+    per_run = [_bytes_per_step(r) for r in runs]
+    known = [v for b in per_run for v in (finite_or_none(b.get("down")), finite_or_none(b.get("up")))
+             if v is not None and v > 0]
+    if not known:
+        _no_data(ax, "no bytes_per_step in the runs given")
+        return _save(fig, path)
+    x, width = np.arange(len(runs)), 0.38
+    for offset, key, color, name in ((-width / 2, "down", "C0", "down (server → client)"),
+                                     (width / 2, "up", "C1", "up (client → server)")):
+        vals = [finite_or_none(b.get(key)) for b in per_run]
+        shown = [v if v is not None and v > 0 else np.nan for v in vals]
+        bars = ax.bar(x + offset, shown, width, color=color, label=name)
+        for bar, v in zip(bars, vals):
+            y = v if v is not None and v > 0 else min(known)
+            ax.annotate(format_bytes(v) if v is not None and v > 0 else "n/a", (bar.get_x() + width / 2, y),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(min(known) / 3, max(known) * 6)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("bytes per step (log scale)")
+    ax.legend(fontsize=9, loc="upper left")
+    ax.grid(axis="y", which="major", alpha=0.3)
+    return _save(fig, path)
+
+
+# --- sample grids ----------------------------------------------------------------------------------
+def tile_images(images: np.ndarray, *, rows: int, pad: int = 2) -> np.ndarray:
+    """[N, H, W] (or [N, 1, H, W]) images -> one [rows*(H+pad)+pad, cols*(W+pad)+pad] uint8 grid."""
+    images = np.asarray(images)
+    if images.ndim == 4 and images.shape[1] == 1:
+        images = images[:, 0]
+    if images.ndim != 3:
+        raise ValueError(f"expected images [N, H, W] or [N, 1, H, W], got shape {images.shape}")
+    n, h, w = images.shape
+    if rows < 1 or n % rows:
+        raise ValueError(f"{n} images do not fill {rows} rows evenly (one row per class)")
+    images = _to_uint8(images)
+    cols = n // rows
+    grid = np.zeros((rows * (h + pad) + pad, cols * (w + pad) + pad), dtype=np.uint8)
+    for i, img in enumerate(images):
+        r, c = divmod(i, cols)
+        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = img
+    return grid
+
+
+def _to_uint8(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.uint8:
+        return a
+    if np.issubdtype(a.dtype, np.floating) and a.size and a.max() <= 1.0:
+        a = a * 255.0  # generator output in [0, 1]
+    return np.clip(np.round(a), 0, 255).astype(np.uint8)
+
+
+def _show_grid(ax, grid: np.ndarray, *, rows: int | None, title: str | None) -> None:
+    ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255, interpolation="nearest")
+    if title:
+        ax.set_title(title, fontsize=11)
+    ax.set_xticks([])
+    if rows:
+        height = grid.shape[0] / rows
+        ax.set_yticks((np.arange(rows) + 0.5) * height, [str(r) for r in range(rows)], fontsize=8)
+        ax.set_ylabel("class")
+    else:
+        ax.set_yticks([])
+
+
+def plot_sample_grid(images: np.ndarray, path: Path, *, rows: int, title: str | None = None) -> Path:
+    """Generated samples, one row per class, with the class on the left.
+
+    ``images`` is either uint8 [C*k, 28, 28] (laid out row-major, class c in row c) or an already
+    tiled 2-D grid, which is drawn as is with ``rows`` labels.
+    """
+    images = np.asarray(images)
+    grid = _to_uint8(images) if images.ndim == 2 else tile_images(images, rows=rows)
+    scale = 3.0 / DPI  # about 3 screen pixels per image pixel
+    fig, axes = _new_figure(max(3.0, grid.shape[1] * scale + 0.8), grid.shape[0] * scale + (0.6 if title else 0.3))
+    _show_grid(axes[0, 0], grid, rows=rows, title=title)
+    return _save(fig, path)
+
+
+def side_by_side(left_png: Path, right_png: Path, path: Path, *, titles: tuple[str, str],
+                 rows: int | None = None) -> Path:
+    """Two sample grids next to each other (the debugging task: suspect clients vs the rest)."""
+    grids = []
+    for png in (left_png, right_png):
+        with Image.open(png) as img:
+            grids.append(np.asarray(img.convert("L") if img.mode in ("L", "LA", "I", "P", "1") else img.convert("RGB")))
+    height = max(g.shape[0] for g in grids)
+    width = sum(g.shape[1] for g in grids)
+    scale = 2.5 / DPI
+    fig, axes = _new_figure(max(6.0, width * scale + 1.2), height * scale + 0.7, ncols=2)
+    for ax, grid, title in zip(axes[0], grids, titles):
+        _show_grid(ax, grid, rows=rows, title=title)
+    return _save(fig, path)
