@@ -7,9 +7,8 @@ A run that does not complete raises, so Flower marks the run as failed rather th
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -34,17 +33,19 @@ class RunIncomplete(RuntimeError):
     """The run stopped before its planned steps (budgets exhausted, clients failed, interrupted)."""
 
 
-def make_server_app(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, result: RunResult,
-                    transport_name: str = "flower-simulation",
-                    stop: threading.Event | None = None) -> ServerApp:
+def make_server_app(server_fn: Callable[[FlowerTransport], Any], result: RunResult) -> ServerApp:
+    """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.
+
+    Used by ``fedgan simulate`` and ``fedgan debug-task``, whose configuration is resolved before
+    Flower starts; exceptions are kept in ``result`` for the CLI to report with its exit code.
+    """
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         try:
-            result.summary = run_experiment(cfg, run, FlowerTransport(grid), resume=resume,
-                                            transport_name=transport_name, stop=stop)
+            result.summary = server_fn(FlowerTransport(grid))
         except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
             result.error = err
 

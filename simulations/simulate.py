@@ -8,10 +8,12 @@ import signal
 import sys
 import threading
 import warnings
+from typing import Any, Callable, TypeVar
 
 from common.config import ExperimentConfig
 from server.reporting import RunDirectory
 
+T = TypeVar("T")
 EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_FAILED = 0, 3, 130, 1
 
 
@@ -40,33 +42,45 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
 
 def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
                    stop: threading.Event | None = None):
-    from client.app import app as client_app
-    from server.loop import run_experiment
-    from server.transport import InProcessTransport
-
-    try:
-        transport = InProcessTransport(client_app, cfg.num_clients)
-        return run_experiment(cfg, run, transport, resume=resume, transport_name="inprocess", stop=stop), None
-    except Exception as err:  # noqa: BLE001 - reported with its type and message
-        return None, err
+    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "inprocess"), "inprocess")
 
 
 def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
                 stop: threading.Event | None = None):
+    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "flower-simulation"),
+                            "flower")
+
+
+def _experiment_fn(cfg, run, resume, stop, name):
+    from server.loop import run_experiment
+
+    return lambda transport: run_experiment(cfg, run, transport, resume=resume, transport_name=name, stop=stop)
+
+
+def run_on_transport(num_clients: int, server_fn: Callable[[Any], T], transport: str) -> tuple[T | None, BaseException | None]:
+    """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
+    (one SuperNode per client) or by calling the ClientApp in-process. Returns (result, error)."""
+    from client.app import app as client_app
+
+    if transport == "inprocess":
+        from server.transport import InProcessTransport
+
+        try:
+            return server_fn(InProcessTransport(client_app, num_clients)), None
+        except Exception as err:  # noqa: BLE001 - reported with its type and message
+            return None, err
     from flwr.simulation import run_simulation
 
-    from client.app import app as client_app
     from server.app import RunResult, make_server_app
 
     _quiet_flower()
     result = RunResult()
-    server_app = make_server_app(cfg, run, resume=resume, result=result, stop=stop)
     cpus = os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True}}
     try:
-        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=cfg.num_clients,
-                       backend_config=backend)
+        run_simulation(server_app=make_server_app(server_fn, result), client_app=client_app,
+                       num_supernodes=num_clients, backend_config=backend)
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
     return result.summary, result.error

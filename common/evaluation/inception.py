@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,17 +190,28 @@ def _hint(path: Path) -> str:
 
 def _load_torchscript(path: Path) -> torch.nn.Module:
     try:
-        return torch.jit.load(str(path), map_location="cpu")
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates TorchScript loading; the published network exists only as one.
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.*deprecated", category=DeprecationWarning)
+            return torch.jit.load(str(path), map_location="cpu")
     except Exception as err:  # torch raises RuntimeError/ValueError/... for damaged archives
         raise ValueError(f"cannot load TorchScript Inception from {path} ({err}); {_hint(path)}") from err
 
 
 def _load_pytorch_fid(path: Path) -> torch.nn.Module:
     """pytorch-fid's own FID InceptionV3, with its weights read from ``path`` instead of the web."""
-    from pytorch_fid import inception as pf_inception
-
     try:
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, unpickling errors
+        raise ValueError(f"cannot read pytorch-fid Inception weights {path} ({err}); {_hint(path)}") from err
+    try:
+        from pytorch_fid import inception as pf_inception
+    except Exception as err:  # a broken torchvision raises RuntimeError, not ImportError
+        raise ImportError(
+            f"pytorch-fid's InceptionV3 (needed for {path}) cannot be imported: {err!r}; "
+            "the default TorchScript network needs neither pytorch-fid nor torchvision"
+        ) from err
+    try:
         with _state_dict_from(pf_inception, state_dict):
             return pf_inception.InceptionV3(
                 [pf_inception.InceptionV3.BLOCK_INDEX_BY_DIM[FEATURE_DIM]],
@@ -207,8 +219,8 @@ def _load_pytorch_fid(path: Path) -> torch.nn.Module:
                 normalize_input=True,
                 use_fid_inception=True,
             )
-    except Exception as err:  # unpickling errors, missing/unexpected keys, wrong shapes
-        raise ValueError(f"cannot load pytorch-fid Inception weights from {path} ({err}); {_hint(path)}") from err
+    except Exception as err:  # not a state dict, missing/unexpected keys, wrong shapes
+        raise ValueError(f"{path} is not pytorch-fid's Inception state dict ({err}); {_hint(path)}") from err
 
 
 @contextmanager

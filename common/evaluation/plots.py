@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,15 +21,16 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 DPI = 120
 MAX_BARS = 60  # above this many clients the per-client ε becomes a histogram
 AMPLIFIED_LABEL = "trusted sampling (assumption)"
-METRIC_LABELS = {
-    "fid": "FID, Inception pool3 (lower is better)",
-    "fid_domain": "domain FID, project classifier (lower is better)",
-    "inception_score": "Inception Score (higher is better)",
+METRIC_LABELS = {  # metric -> (short name for titles, axis label)
+    "fid": ("FID", "FID, Inception pool3 features (lower is better)"),
+    "fid_domain": ("Domain FID", "domain FID, project classifier features (lower is better)"),
+    "inception_score": ("Inception Score", "Inception Score (higher is better)"),
 }
 
 
@@ -44,13 +45,13 @@ def _save(fig: Figure, path: Path) -> Path:
     """PNG to a temporary file in the target folder, then renamed: atomic on POSIX."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "wb") as fh:
             fig.savefig(fh, format="png", dpi=DPI)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     finally:
         fig.clear()  # a Figure outside pyplot is freed with its last reference; drop the artists now
@@ -81,8 +82,12 @@ def _delta_text(delta: Any) -> str:
 
 def _no_data(ax, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4", wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    # tick_params, not set_xticks([]): a panel sharing its x axis must keep its neighbour's ticks
+    ax.tick_params(left=False, bottom=False, labelleft=False, labelbottom=False)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 # --- ε per client ----------------------------------------------------------------------------------
@@ -110,7 +115,7 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
     idle = sum(r[2] == 0 for r in rows)
     fig, axes = _new_figure(9, 4.8)
     ax = axes[0, 0]
-    notes = [f"{len(rows)} clients", f"{idle} answered no query (ε = 0)"]
+    notes = [_plural(len(rows), "client"), f"{idle} answered no query (ε = 0)"]
     if unbounded:
         notes.append(f"{len(unbounded)} unbounded (ε = ∞, raw updates visible to the server)")
     strategy = summary.get("strategy")
@@ -122,45 +127,54 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
         _epsilon_bars(ax, finite, unbounded, amp)
     else:
         _epsilon_histogram(ax, [r[1] for r in finite], amp)
-    ax.set_ylabel(ax.get_ylabel(), fontsize=10)
     return _save(fig, path)
 
 
 def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
     values = [r[1] for r in finite]
-    top = max(values + ([amp] if amp is not None else []) + [0.0]) * 1.15 or 1.0
+    top = max(values + ([amp] if amp is not None else []) + [0.0]) * 1.12 or 1.0
     x = np.arange(len(finite) + len(unbounded))
-    colors = ["0.7" if r[2] == 0 else "C0" for r in finite]
-    ax.bar(x[: len(finite)], values, color=colors, edgecolor="white", label="ε of the client's own queries")
-    if any(r[2] == 0 for r in finite):
-        ax.bar([], [], color="0.7", label="no query answered (ε = 0)")
+    answered = [i for i, r in enumerate(finite) if r[2] > 0]
+    idle = [i for i, r in enumerate(finite) if r[2] == 0]
+    small = len(x) > 20
+    if answered:
+        ax.bar(x[answered], [values[i] for i in answered], color="C0", label="ε of the client's own queries")
+    if idle:  # zero-height bars are invisible: mark the slot
+        ax.bar(x[idle], [0.0] * len(idle), color="0.6", label="no query answered (ε = 0)")
+        for i in idle:
+            ax.text(x[i], top * 0.01, "0", ha="center", va="bottom", color="0.4", fontsize=7 if small else 9)
     if unbounded:
-        ax.bar(x[len(finite):], [top] * len(unbounded), color="none", edgecolor="C3", hatch="//",
-               label="unbounded (ε = ∞)")
+        xs = x[len(finite):]
+        ax.bar(xs, [top] * len(unbounded), color="none", edgecolor="C3", hatch="//",
+               label="unbounded (ε = ∞, no guarantee against the server)")
+        for xi in xs:
+            ax.text(xi, top * 0.5, "∞", ha="center", va="center", color="C3", fontsize=10 if small else 16,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=1))
     if amp is not None:
         ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5,
                    label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
     ax.set_ylim(0, top)
     ax.set_xlim(-0.6, len(x) - 0.4)
-    ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if len(x) > 20 else 0,
-                  fontsize=8 if len(x) > 20 else 10)
+    ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if small else 0,
+                  fontsize=7 if small else 10)
     ax.set_xlabel("client id (sorted by ε)")
     ax.set_ylabel("ε (per client, no amplification)")
-    ax.legend(loc="upper left", fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2 if small else -0.14), ncol=2, fontsize=9,
+              frameon=False)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _epsilon_histogram(ax, values: list[float], amp: float | None) -> None:
     if values:
         ax.hist(values, bins=min(30, max(5, len(set(values)))), color="C0", edgecolor="white",
-                label="clients (ε = 0: answered nothing)")
+                label="clients")
     if amp is not None:
         ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5,
                    label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
     ax.set_xlabel("ε per client (no amplification)")
     ax.set_ylabel("number of clients")
     if values or amp is not None:
-        ax.legend(loc="upper right", fontsize=9)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=9, frameon=False)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -193,9 +207,9 @@ def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid",
     data.sort(key=lambda d: (d[1], d[0] if d[0] is not None else -1))
     fig, axes = _new_figure(7.5, 5)
     ax = axes[0, 0]
-    label = METRIC_LABELS.get(metric, metric)
+    name, label = METRIC_LABELS.get(metric, (metric, metric))
     skipped = len(points) - len(data)
-    ax.set_title(f"{label.split(' (')[0]} vs privacy spent ({_delta_text(delta)})"
+    ax.set_title(f"{name} vs privacy spent ({_delta_text(delta)})"
                  + (f"\n{skipped} of {len(points)} checkpoints without a value left out" if skipped else ""),
                  fontsize=11)
     if not data:
@@ -260,7 +274,8 @@ def plot_training_curves(metrics: list[dict], path: Path, *, delta: float | None
     else:
         _no_data(ax_w, "no train/wasserstein values in metrics.jsonl")
     ax_w.set_xlabel("generator step")
-    ax_w.tick_params(labelbottom=True)
+    ax_w.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax_w.tick_params(bottom=True, labelbottom=True)
     return _save(fig, path)
 
 
@@ -370,7 +385,7 @@ def side_by_side(left_png: Path, right_png: Path, path: Path, *, titles: tuple[s
             grids.append(np.asarray(img.convert("L") if img.mode in ("L", "LA", "I", "P", "1") else img.convert("RGB")))
     height = max(g.shape[0] for g in grids)
     width = sum(g.shape[1] for g in grids)
-    scale = 2.5 / DPI
+    scale = 2.0 / DPI
     fig, axes = _new_figure(max(6.0, width * scale + 1.2), height * scale + 0.7, ncols=2)
     for ax, grid, title in zip(axes[0], grids, titles):
         _show_grid(ax, grid, rows=rows, title=title)
