@@ -19,7 +19,7 @@ from common.config import ExperimentConfig
 
 from .discriminator import answer_query
 from .flower_wire import decode_query, decode_records, encode_answer, encode_records
-from .state import load_state, save_state
+from .state import load_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
 app = ClientApp()
@@ -69,9 +69,31 @@ def handle_gswgan(message: Message, context: Context) -> Message:
 def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from the authority."""
     record = _run_record(context)
-    cfg = _config(record)
     cid = client_id_of(context)
-    state = load_state(cfg, cid, str(record["state_dir"]), int(record["version"]))
-    content = encode_records({}, {"client_id": cid, "ledger": json.dumps(state.ledger.state_dict())})
+    ledger = load_ledger(_config(record), cid, str(record["state_dir"]), int(record["version"]))
+    content = encode_records({}, {"client_id": cid, "ledger": json.dumps(ledger.state_dict())})
     return Message(content, reply_to=message)
 
+
+
+@app.query("accuracy")
+def handle_accuracy(message: Message, context: Context) -> Message:
+    """Debugging task: the shipped classifier's accuracy on local data, released with noise."""
+    from common.data import num_classes_for
+
+    from .selection import noisy_accuracy
+
+    record = _run_record(context)
+    cfg = _config(record)
+    _, scalars = decode_records(message.content)
+    weights = message.content.array_records["classifier"].to_torch_state_dict()
+    cid = client_id_of(context)
+    state = load_state(cfg, cid, str(record["state_dir"]), int(record["version"]))
+    value, reason = noisy_accuracy(state, cfg, weights, num_classes=num_classes_for(cfg),
+                                   noise_multiplier=float(scalars["noise_multiplier"]))
+    if value is not None:
+        save_state(state, str(record["state_dir"]))
+        record["version"] = state.version
+    content = encode_records({}, {"client_id": cid, "accuracy": -1.0 if value is None else value,
+                                  "refused": value is None, "reason": reason})
+    return Message(content, reply_to=message)

@@ -92,6 +92,14 @@ def load_state(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, ver
     return _remember(str(state_dir), _read_state(cfg, client_id, path))
 
 
+def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:
+    """The client's ledger; an empty one when it never answered (no state is created for that)."""
+    cached = _CACHE.get((str(state_dir), client_id))
+    if cached is None and not state_path(state_dir, client_id).exists():
+        return PrivacyLedger()
+    return load_state(cfg, client_id, state_dir, version).ledger
+
+
 def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=False)

@@ -65,19 +65,19 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     allowed = set(cfg.participants())
     nodes = [n for n in nodes if strategy.node_client[n] in allowed]
     status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
-    _fetch_ledgers(transport, strategy, state)
+    _fetch_ledgers(cfg, transport, strategy, state)
     summary = _finish(cfg, run, strategy, state, status, transport_name)
     return summary
 
 
-def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
-               state: LoopState, nodes: list[int]) -> list[int]:
+def handshake(cfg: ExperimentConfig, state_dir: str, transport: Transport,
+              nodes: list[int]) -> tuple[dict[int, int], int, int]:
     """Send every node the run's config and state directory; learn its client id.
 
-    Returns the nodes ordered by client id, so that the server's sampling (and thus the whole run)
-    depends on the seed only, not on the random node ids a Flower runtime assigns.
+    Returns (node -> client id, bytes down, bytes up). Fails when the nodes do not hold exactly
+    the partitions 0..num_clients-1.
     """
-    setup = {"config": json.dumps(cfg.to_dict()), "state_dir": str(run.state_dir)}
+    setup = {"config": json.dumps(cfg.to_dict()), "state_dir": state_dir}
     exchange = transport.exchange([Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
     mapping = {}
     for reply in exchange.replies:
@@ -87,9 +87,17 @@ def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, s
     if sorted(mapping.values()) != list(range(cfg.num_clients)):
         raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
                            "each node needs a distinct partition-id below num_clients")
+    return (mapping, sum(t for t, _ in exchange.bytes_down.values()),
+            sum(t for t, _ in exchange.bytes_up.values()))
+
+
+def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
+               state: LoopState, nodes: list[int]) -> list[int]:
+    """Hello to every node; returns the nodes ordered by client id, so that the server's sampling
+    (and thus the whole run) depends on the seed only, not on the node ids a runtime assigns."""
+    mapping, down, up = handshake(cfg, str(run.state_dir), transport, nodes)
     strategy.bind_nodes(mapping)
-    state.comm.add_control(sum(t for t, _ in exchange.bytes_down.values()),
-                           sum(t for t, _ in exchange.bytes_up.values()))
+    state.comm.add_control(down, up)
     return sorted(nodes, key=mapping.__getitem__)
 
 
@@ -218,11 +226,14 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
     })
 
 
-def _fetch_ledgers(transport: Transport, strategy: Strategy, state: LoopState) -> None:
-    """Ask every client that answered for its own ledger: privacy.json is written from those."""
-    contacted = [n for n, cid in strategy.node_client.items()
-                 if n not in state.failed and cid in getattr(strategy, "ledgers", {})]
-    queries = strategy.ledger_queries(contacted)
+def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState) -> None:
+    """Ask every participating client for its own ledger: privacy.json is written from those.
+
+    All of them, not only those the server saw answer: a client's ledger may hold releases the
+    server never saw (a reply lost, a selection query of the debugging task, a crashed run)."""
+    allowed = set(cfg.participants())
+    nodes = [n for n, cid in strategy.node_client.items() if n not in state.failed and cid in allowed]
+    queries = strategy.ledger_queries(nodes)
     if not queries:
         return
     exchange = transport.exchange(queries)

@@ -67,12 +67,17 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
+STATE_DIR_FILE = "state_dir.txt"
+
+
 class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
 
     @classmethod
-    def create(cls, cfg: ExperimentConfig) -> "RunDirectory":
+    def create(cls, cfg: ExperimentConfig, *, state_dir: str | Path | None = None) -> "RunDirectory":
+        """A new run directory; ``state_dir`` lets several runs share the clients' state (and so
+        their ledgers), as the debugging task's selection and training runs do."""
         path = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)
         if (path / CHECKPOINT).exists():
             raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
@@ -86,6 +91,8 @@ class RunDirectory:
         (run.path / "samples").mkdir(parents=True, exist_ok=True)
         (run.path / "clients").mkdir(exist_ok=True)
         atomic_write_json(run.path / "config.json", cfg.to_dict())
+        if state_dir is not None:
+            atomic_write_bytes(run.path / STATE_DIR_FILE, str(Path(state_dir).resolve()).encode())
         return run
 
     @classmethod
@@ -105,7 +112,8 @@ class RunDirectory:
     # --- files -----------------------------------------------------------------------------------
     @property
     def state_dir(self) -> Path:
-        return self.path / "clients"
+        shared = self.path / STATE_DIR_FILE
+        return Path(shared.read_text().strip()) if shared.exists() else self.path / "clients"
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a") as fh:

@@ -49,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
                      "directly, without Flower's runtime (same results, for debugging and benchmarks)")
     add_config_flags(sim)
+    dbg = sub.add_parser("debug-task", help="Augenstein et al.'s debugging task: find clients with inverted "
+                         "images and show the bug in a private generator trained on them",
+                         description=(__import__("simulations.debug_task", fromlist=["x"]).__doc__))
+    dbg.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    dbg.add_argument("--threshold", type=float, default=0.5,
+                     help="a client is suspect when its noisy on-device classifier accuracy is below this (default 0.5)")
+    dbg.add_argument("--selection-noise", type=float, default=1.0,
+                     help="noise multiplier of each client's accuracy release (sensitivity 1/n; default 1.0)")
+    dbg.add_argument("--num-samples", type=int, default=1000,
+                     help="generated samples per generator for the bright-sample fraction (default 1000)")
+    dbg.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
+                     help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly")
+    add_config_flags(dbg)
     data = sub.add_parser("data", help="download data sets or show what is present")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     dl = data_sub.add_parser("download", help="fetch the official files of a data set, checksums verified")
@@ -120,11 +133,32 @@ def cmd_data(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def cmd_debug_task(args: argparse.Namespace) -> int:
+    from common.data import DataError, check_partition_sizes
+
+    from .debug_task import debug_task, format_result
+
+    try:
+        if "invert_prob" not in vars(args):
+            args.invert_prob = 0.5  # the task's default: half of the clients have the bug
+        cfg = resolve_config(args)
+        check_partition_sizes(cfg)
+        if not 0 < cfg.invert_prob < 1:
+            raise ConfigError(f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "
+                              "some without the bug, choose 0 < p < 1")
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = debug_task(cfg, threshold=args.threshold, selection_noise=args.selection_noise,
+                        transport=args.transport, num_samples=args.num_samples)
+    print(format_result(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
-        return cmd_simulate(args)
-    return cmd_data(args)
+    commands = {"simulate": cmd_simulate, "debug-task": cmd_debug_task, "data": cmd_data}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -292,6 +292,7 @@ def load_or_train_domain_classifier(
     cache_dir: Path,
     seed: int = 0,
     epochs: int = 3,
+    batch_size: int = 128,
     max_train: int | None = 60000,
     synthetic_writers: int = 20,
     synthetic_samples_per_writer: int = 120,
@@ -305,7 +306,7 @@ def load_or_train_domain_classifier(
     does not match its key is replaced by a fresh training. Returns the model in eval mode and the
     metadata (``test_accuracy``, ``num_train``, ``num_test``, ...; ``cached`` says which path ran).
     """
-    inputs = _cache_inputs(dataset, data_dir, emnist_split, seed, epochs, max_train,
+    inputs = _cache_inputs(dataset, data_dir, emnist_split, seed, epochs, batch_size, max_train,
                            synthetic_writers, synthetic_samples_per_writer)
     key = classifier_cache_key(**inputs)
     path = Path(cache_dir) / f"classifier-{key}.pt"
@@ -318,8 +319,8 @@ def load_or_train_domain_classifier(
 
 
 def _cache_inputs(
-    dataset: str, data_dir: str, emnist_split: str, seed: int, epochs: int, max_train: int | None,
-    synthetic_writers: int, synthetic_samples_per_writer: int,
+    dataset: str, data_dir: str, emnist_split: str, seed: int, epochs: int, batch_size: int,
+    max_train: int | None, synthetic_writers: int, synthetic_samples_per_writer: int,
 ) -> dict:
     """Every input of the training, with the data folder resolved (``""`` and ``./data`` are one place)."""
     if max_train is not None and max_train < 1:
@@ -327,7 +328,7 @@ def _cache_inputs(
     folder = "" if dataset == "synthetic" else str(resolve_data_dir(dataset, data_dir))
     return {
         "dataset": dataset, "data_folder": folder, "emnist_split": emnist_split, "seed": seed,
-        "epochs": epochs, "max_train": max_train, "synthetic_writers": synthetic_writers,
+        "epochs": epochs, "batch_size": batch_size, "max_train": max_train, "synthetic_writers": synthetic_writers,
         "synthetic_samples_per_writer": synthetic_samples_per_writer,
     }
 
@@ -349,7 +350,7 @@ def _train_domain_classifier(inputs: dict, data_dir: str, key: str, progress: bo
         images, labels = images[keep], labels[keep]
     start = time.perf_counter()
     model = train_classifier(images, labels, train.num_classes, epochs=inputs["epochs"],
-                             seed=inputs["seed"], progress=progress)
+                             batch_size=inputs["batch_size"], seed=inputs["seed"], progress=progress)
     train_time_s = time.perf_counter() - start
     meta = {
         **inputs, "key": key, "version": CLASSIFIER_VERSION, "train_split": "train", "eval_split": "test",

@@ -8,8 +8,9 @@ HTML-escaped. The headline follows DESIGN §3: ε per client against an untruste
 ``eval_result`` (``eval.json``) may hold any of ``fid``, ``fid_domain``, ``inception_score``,
 ``gen2real_acc``, ``real2gen_acc``; each entry is either a bare value (a number, ``[mean, std]`` for
 the Inception Score, ``{"cnn", "mlp"}`` accuracies as fractions) or a dict holding the value
-(``value``, or ``mean``/``std``, or ``cnn``/``mlp``) and its ``num_samples``. The sample count may
-also sit at ``<key>_num_samples`` or in a top-level ``num_samples`` (a number or a dict by key).
+(``value``, or ``mean``/``std``, or ``cnn``/``mlp``) and its ``num_samples`` (or ``num_train`` and
+``num_test``, as ``utility.gen2real`` returns them). The sample count may also sit at
+``<key>_num_samples`` or in a top-level ``num_samples`` (a number or a dict by key).
 Missing keys are left out; None reads "n/a". Other top-level keys are listed as they are.
 """
 
@@ -78,7 +79,9 @@ def _eval_entry(eval_result: dict, key: str) -> tuple[Any, Any]:
     samples = None
     if isinstance(raw, dict):
         samples = raw.get("num_samples")
-        raw = raw["value"] if "value" in raw else {k: v for k, v in raw.items() if k != "num_samples"}
+        if samples is None and ("num_train" in raw or "num_test" in raw):  # utility.gen2real/real2gen
+            samples = f"train {_format_samples(raw.get('num_train'))} · test {_format_samples(raw.get('num_test'))}"
+        raw = raw["value"] if "value" in raw else {k: v for k, v in raw.items() if not k.startswith("num_")}
     if samples is None:
         samples = eval_result.get(f"{key}_num_samples")
     if samples is None:
@@ -109,6 +112,8 @@ def _percent(value: Any) -> str:
 
 
 def _format_samples(samples: Any) -> str:
+    if isinstance(samples, str):
+        return samples
     v = finite_or_none(samples)
     return "n/a" if v is None else f"{v:,.0f}"
 

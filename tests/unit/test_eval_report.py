@@ -179,7 +179,7 @@ def test_side_by_side(tmp_path: Path) -> None:
 # --- report ----------------------------------------------------------------------------------------
 EVAL = {"fid": {"value": 212.3, "num_samples": 2000}, "fid_domain": 41.7, "fid_domain_num_samples": 1000,
         "inception_score": [3.1, 0.05], "gen2real_acc": {"cnn": 0.412, "mlp": 0.3, "num_samples": 500},
-        "real2gen_acc": {"cnn": None, "mlp": 0.25}, "num_samples": 2000}
+        "real2gen_acc": {"cnn": None, "mlp": 0.25, "num_train": 6000, "num_test": 2000}, "num_samples": 2000}
 
 
 def _run_dir(tmp_path: Path, summary: dict, **changes) -> Path:
@@ -255,7 +255,8 @@ def test_format_eval_table() -> None:
     assert lines[0].split() == ["evaluation", "value", "samples"]
     assert any("FID (Inception" in line and "212.3" in line and "2,000" in line for line in lines)
     assert any("gen2real" in line and "CNN 41.2% · MLP 30.0%" in line and line.endswith("500") for line in lines)
-    assert any("real2gen" in line and "CNN n/a" in line for line in lines)
+    assert any("real2gen" in line and "CNN n/a · MLP 25.0%" in line and line.endswith("train 6,000 · test 2,000")
+               for line in lines)
     assert format_eval_table({}) == "no evaluation results"
     assert "n/a" in format_eval_table({"fid": None})
 

@@ -1,0 +1,163 @@
+"""``fedgan debug-task``: the debugging task of Augenstein et al. (2020), end to end.
+
+A fraction of clients have all their images inverted (a "bug" in their pipeline the modeller cannot
+see). The modeller ships a classifier trained on clean data; every client measures its accuracy
+on-device and releases it through a Gaussian mechanism (recorded in its ledger). Clients below a
+threshold are "suspect". One private generator is trained on the suspects, one on the rest, from
+the same shared client state (so each client's ε covers its selection query and its training). The
+inverted glyphs show in the suspects' generator: the output says so with a number, the fraction of
+generated samples whose mean intensity exceeds the background level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from client.flower_wire import decode_records, encode_records
+from common.config import ExperimentConfig
+from common.data import data_root, invert_clients, num_classes_for
+from common.evaluation.classifier import load_or_train_domain_classifier
+from common.evaluation.plots import side_by_side
+from common.models import build_generator, sample_latent
+from server.loop import handshake, run_experiment
+from server.reporting import RunDirectory, atomic_write_json, next_run_dir
+from server.strategies.base import Outgoing
+
+from .simulate import run_on_transport
+
+BRIGHT_LEVEL = 0.5  # mean intensity of an upright digit is ~0.13, of an inverted one ~0.87
+
+
+def select_suspects(cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn.Module, transport,
+                    *, noise_multiplier: float) -> dict[int, dict[str, Any]]:
+    """Ask every client for its noisy on-device accuracy of ``classifier``."""
+    nodes = transport.node_ids(cfg.num_clients)
+    mapping, _, _ = handshake(cfg, str(state_dir), transport, nodes)
+    weights = ArrayRecord(classifier.state_dict())
+    queries = []
+    for node in nodes:
+        content = encode_records({}, {"noise_multiplier": noise_multiplier})
+        content["classifier"] = weights
+        queries.append(Outgoing(node, "query.accuracy", content))
+    result = {}
+    for reply in transport.exchange(queries).replies:
+        if reply.content is None:
+            raise RuntimeError(f"node {reply.node_id} failed the selection query: {reply.error}")
+        scalars = decode_records(reply.content)[1]
+        result[int(scalars["client_id"])] = {
+            "accuracy_noisy": None if scalars["refused"] else float(scalars["accuracy"]),
+            "reason": str(scalars["reason"]),
+        }
+    return dict(sorted(result.items()))
+
+
+@torch.no_grad()
+def bright_fraction(run: RunDirectory, cfg: ExperimentConfig, num_samples: int) -> float:
+    """Fraction of the released generator's samples whose mean intensity exceeds BRIGHT_LEVEL."""
+    ckpt = run.load_checkpoint()
+    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes_for(cfg))
+    gen.load_state_dict(ckpt["released_generator"])
+    gen.eval()
+    labels = torch.arange(num_samples) % num_classes_for(cfg)
+    images = gen(sample_latent(num_samples, cfg.z_dim, generator=torch.Generator().manual_seed(0)), labels)
+    return float((images.flatten(1).mean(dim=1) > BRIGHT_LEVEL).float().mean())
+
+
+def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str,
+               num_samples: int = 1000) -> dict[str, Any]:
+    """Run the whole task; returns (and writes) ``debug_task.json``."""
+    out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
+    out.mkdir(parents=True, exist_ok=False)
+    state_dir = out / "clients"
+    classifier, clf_meta = load_or_train_domain_classifier(
+        cfg.dataset, data_dir=cfg.data_dir, emnist_split=cfg.emnist_split,
+        cache_dir=data_root(cfg.data_dir) / ".fedgan-cache", seed=cfg.seed,
+        synthetic_writers=cfg.synthetic_writers or cfg.num_clients,
+        synthetic_samples_per_writer=cfg.synthetic_samples_per_writer, progress=cfg.progress)
+    selection, error = run_on_transport(
+        cfg.num_clients, lambda t: select_suspects(cfg, state_dir, classifier, t,
+                                                   noise_multiplier=selection_noise), transport)
+    if error is not None:
+        raise error
+    truth = invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)
+    suspects = [c for c, s in selection.items() if s["accuracy_noisy"] is not None and s["accuracy_noisy"] < threshold]
+    rest = [c for c, s in selection.items() if s["accuracy_noisy"] is not None and c not in suspects]
+    groups = {}
+    for name, members in (("suspect", suspects), ("rest", rest)):
+        groups[name] = _train_group(cfg, out, name, members, state_dir, transport, num_samples)
+    result = _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, threshold, selection_noise)
+    if all(g.get("samples_png") for g in groups.values()):
+        side_by_side(Path(groups["suspect"]["samples_png"]), Path(groups["rest"]["samples_png"]),
+                     out / "side_by_side.png",
+                     titles=(f"suspect clients ({len(suspects)})", f"other clients ({len(rest)})"))
+        result["side_by_side_png"] = str(out / "side_by_side.png")
+    atomic_write_json(out / "debug_task.json", result)
+    return result
+
+
+def _train_group(cfg: ExperimentConfig, out: Path, name: str, members: list[int], state_dir: Path,
+                 transport: str, num_samples: int) -> dict[str, Any]:
+    if not members:
+        return {"clients": [], "note": f"no {name} clients: nothing to train"}
+    group_cfg = cfg.replace(client_subset=",".join(map(str, members)), out=str(out / name),
+                            clients_per_step=min(cfg.clients_per_step, len(members)))
+    run = RunDirectory.create(group_cfg, state_dir=state_dir)
+    summary, error = run_on_transport(
+        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport), transport)
+    if error is not None:
+        raise error
+    samples = sorted((run.path / "samples").glob("step-*.png"))
+    eps = {c["client_id"]: c["epsilon"] for c in summary["clients"] if c["client_id"] in members}
+    return {
+        "clients": members,
+        "run_dir": str(run.path),
+        "steps_completed": summary["steps_completed"],
+        "epsilon_max_per_client": max(eps.values()),
+        "epsilon_per_client": eps,
+        "accounting": summary["accounting"] + "; includes each client's selection query (same ledger)",
+        "bright_fraction": bright_fraction(run, group_cfg, num_samples),
+        "num_samples": num_samples,
+        "samples_png": str(samples[-1]) if samples else None,
+    }
+
+
+def _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, threshold, selection_noise):
+    inverted = [int(c) for c in np.flatnonzero(truth)]
+    hits = len(set(suspects) & set(inverted))
+    ledger_note = ("each client's ledger holds its selection query (a Gaussian mechanism with noise "
+                   f"multiplier {selection_noise} on its accuracy, sensitivity 1/n) and its GS-WGAN answers")
+    return {
+        "run_dir": str(out),
+        "invert_prob": cfg.invert_prob,
+        "delta": cfg.delta,
+        "threshold": threshold,
+        "bright_level": BRIGHT_LEVEL,
+        "classifier": {k: clf_meta[k] for k in ("test_accuracy", "num_train", "num_test") if k in clf_meta},
+        "selection": {str(c): {**s, "inverted": bool(truth[c])} for c, s in selection.items()},
+        "selection_precision": hits / len(suspects) if suspects else None,
+        "selection_recall": hits / len(inverted) if inverted else None,
+        "groups": groups,
+        "privacy": ledger_note,
+    }
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [f"debugging task in {result['run_dir']}",
+             f"selection: {len(result['groups']['suspect']['clients'])} suspect clients (accuracy < "
+             f"{result['threshold']}), precision {result['selection_precision']}, recall {result['selection_recall']}"]
+    for name, group in result["groups"].items():
+        if "bright_fraction" in group:
+            lines.append(f"{name:>8}: bright samples {group['bright_fraction']:.1%} of {group['num_samples']} "
+                         f"(mean intensity > {result['bright_level']}); ε max per client "
+                         f"{group['epsilon_max_per_client']:.4g} (δ={result['delta']:g})")
+        else:
+            lines.append(f"{name:>8}: {group['note']}")
+    if "side_by_side_png" in result:
+        lines.append(f"samples side by side: {result['side_by_side_png']}")
+    return "\n".join(lines)
+
