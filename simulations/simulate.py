@@ -35,9 +35,24 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         return EXIT_FAILED
     print_summary(summary)
     if summary["status"] == "completed":
-        return EXIT_COMPLETED
+        return _evaluate_at_end(cfg, run) if cfg.eval else EXIT_COMPLETED
     print(f"fedgan: run not completed: {summary['status']} (resume with --resume {run.path})", file=sys.stderr)
     return EXIT_INTERRUPTED if summary["status"] == "interrupted" else EXIT_STOPPED
+
+
+def _evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
+    """The run completed; evaluate its generator (a failure here leaves the run intact)."""
+    from .evaluate import evaluate_run, print_eval
+
+    try:
+        result = evaluate_run(run.path, progress=cfg.progress)
+    except Exception as err:  # noqa: BLE001 - the run is done; say what failed and how to retry
+        print(f"fedgan: evaluation failed: {type(err).__name__}: {err}\n"
+              f"the run is complete; retry with `fedgan evaluate {run.path}`", file=sys.stderr)
+        return EXIT_FAILED
+    print_eval(result)
+    print(f"report: {run.path / 'report.html'}", flush=True)
+    return EXIT_COMPLETED
 
 
 def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool,

@@ -100,8 +100,9 @@ def as_image_tensor(images: ImageLike) -> Tensor:
 
     uint8 input is divided by 255 (the data layer's convention); float input is taken as already
     in ``[0, 1]``. Generated and real images must go through the same conversion to be comparable.
+    Detached, so that training on a generator's output never back-propagates into the generator.
     """
-    x = torch.as_tensor(images)
+    x = torch.as_tensor(images).detach()
     x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
     if x.ndim == 3:
         x = x.unsqueeze(1)
@@ -112,7 +113,7 @@ def as_image_tensor(images: ImageLike) -> Tensor:
 
 def as_label_tensor(labels: LabelLike, num_images: int) -> Tensor:
     """int64 labels ``[N]``, checked against the number of images."""
-    y = torch.as_tensor(labels).long().reshape(-1)
+    y = torch.as_tensor(labels).detach().long().reshape(-1)
     if len(y) != num_images:
         raise ValueError(f"{len(y)} labels for {num_images} images")
     return y
@@ -328,8 +329,8 @@ def _cache_inputs(
     folder = "" if dataset == "synthetic" else str(resolve_data_dir(dataset, data_dir))
     return {
         "dataset": dataset, "data_folder": folder, "emnist_split": emnist_split, "seed": seed,
-        "epochs": epochs, "batch_size": batch_size, "max_train": max_train, "synthetic_writers": synthetic_writers,
-        "synthetic_samples_per_writer": synthetic_samples_per_writer,
+        "epochs": epochs, "batch_size": batch_size, "max_train": max_train,
+        "synthetic_writers": synthetic_writers, "synthetic_samples_per_writer": synthetic_samples_per_writer,
     }
 
 

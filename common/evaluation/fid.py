@@ -114,7 +114,8 @@ def frechet_distance_port(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
     sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
     diff = mu1 - mu2
     # The product might be almost singular (N < D makes each covariance rank-deficient).
-    covmean, _ = linalg.sqrtm(sigma1.dot(sigma2), disp=False)
+    # No ``disp=False``: SciPy 1.17 deprecates it (and mishandles it for 1x1 input).
+    covmean = linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         warnings.warn(f"fid calculation produces singular product; adding {eps} to diagonal of cov estimates")
         offset = np.eye(sigma1.shape[0]) * eps
