@@ -77,8 +77,10 @@ def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: floa
     classifier, clf_meta = load_or_train_domain_classifier(
         cfg.dataset, data_dir=cfg.data_dir, emnist_split=cfg.emnist_split,
         cache_dir=data_root(cfg.data_dir) / ".fedgan-cache", seed=cfg.seed,
-        synthetic_writers=cfg.synthetic_writers or cfg.num_clients,
-        synthetic_samples_per_writer=cfg.synthetic_samples_per_writer, progress=cfg.progress)
+        # The modeller's classifier is trained on clean data of its own; for the synthetic set,
+        # at least 50 writers x 100 images whatever the federation's size, so that it is accurate.
+        synthetic_writers=max(cfg.synthetic_writers or cfg.num_clients, 50),
+        synthetic_samples_per_writer=max(cfg.synthetic_samples_per_writer, 100), progress=cfg.progress)
     selection, error = run_on_transport(
         cfg.num_clients, lambda t: select_suspects(cfg, state_dir, classifier, t,
                                                    noise_multiplier=selection_noise), transport)
