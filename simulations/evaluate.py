@@ -69,8 +69,8 @@ def _data_key(cfg: ExperimentConfig, split: str, n: int, extractor: str) -> str:
 class Evaluator:
     """Holds what every generator of one run is compared against (loaded once, reused for snapshots)."""
 
-    def __init__(self, cfg: ExperimentConfig, *, num_samples: int, inception: bool, inception_weights: str,
-                 progress: bool) -> None:
+    def __init__(self, cfg: ExperimentConfig, *, num_samples: int, fid_samples: int, inception: bool,
+                 inception_weights: str, progress: bool) -> None:
         self.cfg, self.n, self.progress = cfg, num_samples, progress
         self.num_classes = num_classes_for(cfg)
         self.cache = data_root(cfg.data_dir) / ".fedgan-cache"
@@ -81,10 +81,11 @@ class Evaluator:
         self.test = load_dataset(cfg.dataset, cfg.data_dir, split="test", **kwargs)
         self.classifier, self.classifier_meta = load_or_train_domain_classifier(
             cfg.dataset, data_dir=cfg.data_dir, cache_dir=self.cache, progress=progress, **kwargs)
-        self.real_images, self.real_labels = _real_subset(self.test, num_samples)
+        self.real_images, self.real_labels = _real_subset(self.test, max(num_samples, fid_samples))
+        self.fid_n = min(fid_samples, len(self.real_labels))
         self.real_domain = cached_stats(
-            self.cache / f"domain-stats-{_data_key(cfg, 'test', len(self.real_labels), 'domain')}.npz",
-            lambda: extract_features(self.classifier, self.real_images))
+            self.cache / f"domain-stats-{_data_key(cfg, 'test', len(self.real_labels[: self.n]), 'domain')}.npz",
+            lambda: extract_features(self.classifier, self.real_images[: self.n]))
         self.inception, self.inception_note = None, ""
         if inception:
             self._load_inception(inception_weights or None)
@@ -97,10 +98,10 @@ class Evaluator:
         except (FileNotFoundError, ValueError) as err:
             self.inception_note = f"Inception FID not computed: {err}"
             return
-        key = _data_key(self.cfg, "test", len(self.real_labels), self.inception.name)
+        key = _data_key(self.cfg, "test", self.fid_n, self.inception.name)
         self.real_inception = cached_stats(
             self.cache / f"inception-stats-{key}.npz",
-            lambda: self.inception(self.real_images, progress=self.progress))
+            lambda: self.inception(self.real_images[: self.fid_n], progress=self.progress))
 
     def fid_domain(self, images: torch.Tensor) -> float:
         return frechet_distance(self.real_domain, feature_stats(extract_features(self.classifier, images)))
@@ -108,15 +109,17 @@ class Evaluator:
     def fid(self, images: torch.Tensor) -> float | None:
         if self.inception is None:
             return None
-        gen_stats: FeatureStats = feature_stats(self.inception(images, progress=self.progress))
+        gen_stats: FeatureStats = feature_stats(self.inception(images[: self.fid_n], progress=self.progress))
         return frechet_distance(self.real_inception, gen_stats)
 
     def evaluate(self, gen: torch.nn.Module, *, utility: bool = True) -> dict[str, Any]:
-        images, labels = generate(gen, self.n, num_classes=self.num_classes, z_dim=self.cfg.z_dim)
-        n_real = len(self.real_labels)
+        images, labels = generate(gen, max(self.n, self.fid_n), num_classes=self.num_classes, z_dim=self.cfg.z_dim)
+        fid_images, images, labels = images[: self.fid_n], images[: self.n], labels[: self.n]
+        real_images, real_labels = self.real_images[: self.n], self.real_labels[: self.n]
+        n_real = len(real_labels)
         is_mean, is_std = inception_score(predict_proba(self.classifier, images), splits=10)
         result: dict[str, Any] = {
-            "fid": {"value": self.fid(images), "num_samples": self.n, "num_real": n_real,
+            "fid": {"value": self.fid(fid_images), "num_samples": self.fid_n, "num_real": self.fid_n,
                     "network": getattr(self.inception, "name", None), "note": self.inception_note or None},
             "fid_domain": {"value": self.fid_domain(images), "num_samples": self.n, "num_real": n_real,
                            "classifier_test_accuracy": self.classifier_meta.get("test_accuracy")},
@@ -125,13 +128,14 @@ class Evaluator:
         }
         if utility:
             train_x, train_y = _real_subset(self.train, self.n)
-            result["gen2real_acc"] = gen2real(images, labels, self.real_images, self.real_labels, self.num_classes)
+            result["gen2real_acc"] = gen2real(images, labels, real_images, real_labels, self.num_classes)
             result["real2gen_acc"] = real2gen(train_x, train_y, images, labels, self.num_classes)
         return result
 
 
-def evaluate_run(path: str | Path, *, num_samples: int | None = None, inception: bool | None = None,
-                 inception_weights: str | None = None, progress: bool = True) -> dict[str, Any]:
+def evaluate_run(path: str | Path, *, num_samples: int | None = None, fid_samples: int | None = None,
+                 inception: bool | None = None, inception_weights: str | None = None,
+                 progress: bool = True) -> dict[str, Any]:
     """Evaluate the run in ``path``; writes eval.json, plots/ and report.html; returns eval.json."""
     run, cfg = RunDirectory.open_existing(path)
     summary = _read_summary(run)
@@ -139,6 +143,7 @@ def evaluate_run(path: str | Path, *, num_samples: int | None = None, inception:
     if "released_generator" not in ckpt:
         raise RunDirectoryError(f"{run.path / 'checkpoint.pt'} holds no released generator")
     evaluator = Evaluator(cfg, num_samples=num_samples or cfg.eval_samples,
+                          fid_samples=fid_samples or cfg.eval_fid_samples,
                           inception=cfg.eval_inception if inception is None else inception,
                           inception_weights=inception_weights if inception_weights is not None else cfg.inception_weights,
                           progress=progress)

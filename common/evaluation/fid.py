@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import linalg
 
 __all__ = ["FeatureStats", "cached_stats", "feature_stats", "frechet_distance"]
 
@@ -90,42 +89,13 @@ def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
 
 @functools.cache
 def _calculate_frechet_distance() -> Callable[..., float]:
-    """pytorch-fid's function; this module's port of it only where pytorch-fid cannot be imported.
+    """pytorch-fid's own function (its import needs torchvision: see ``torchvision_compat``)."""
+    from .torchvision_compat import ensure_torchvision
 
-    ``pytorch_fid.fid_score`` imports torchvision, so a broken torchvision install (e.g. a CUDA
-    wheel beside a CPU torch) would otherwise take FID down with it.
-    """
-    try:
-        from pytorch_fid.fid_score import calculate_frechet_distance
-    except Exception as err:  # torchvision raises RuntimeError, not ImportError, when its ops are missing
-        warnings.warn(
-            f"pytorch_fid.fid_score cannot be imported ({err!r}); using fedgan's port of its "
-            "calculate_frechet_distance",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return frechet_distance_port
+    ensure_torchvision()
+    from pytorch_fid.fid_score import calculate_frechet_distance
+
     return calculate_frechet_distance
-
-
-def frechet_distance_port(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
-    """Port of ``pytorch_fid.fid_score.calculate_frechet_distance`` (v0.3.0); warns where it prints."""
-    mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
-    sigma1, sigma2 = np.atleast_2d(sigma1), np.atleast_2d(sigma2)
-    diff = mu1 - mu2
-    # The product might be almost singular (N < D makes each covariance rank-deficient).
-    # No ``disp=False``: SciPy 1.17 deprecates it (and mishandles it for 1x1 input).
-    covmean = linalg.sqrtm(sigma1.dot(sigma2))
-    if not np.isfinite(covmean).all():
-        warnings.warn(f"fid calculation produces singular product; adding {eps} to diagonal of cov estimates")
-        offset = np.eye(sigma1.shape[0]) * eps
-        covmean = linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
-    # Numerical error might give a slight imaginary component.
-    if np.iscomplexobj(covmean):
-        if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
-            raise ValueError(f"Imaginary component {np.max(np.abs(covmean.imag))}")
-        covmean = covmean.real
-    return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean))
 
 
 def cached_stats(cache_path: str | Path, compute: Callable[[], np.ndarray]) -> FeatureStats:
