@@ -97,3 +97,28 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     content = encode_records({}, {"client_id": cid, "accuracy": -1.0 if value is None else value,
                                   "refused": value is None, "reason": reason})
     return Message(content, reply_to=message)
+
+
+@app.train("fedavg")
+def handle_fedavg(message: Message, context: Context) -> Message:
+    """Fed-Avg GAN: a few local WGAN-GP steps on the received D; reply with the raw D delta."""
+    from flwr.app import ArrayRecord
+
+    from common.data import load_client_partition, num_classes_for
+    from common.fedavg_gan import client_update
+
+    record = _run_record(context)
+    cfg = _config(record)
+    _, scalars = decode_records(message.content)
+    cid = client_id_of(context)
+    data = load_client_partition(cfg, cid)
+    delta = client_update(
+        message.content.array_records["generator"].to_torch_state_dict(),
+        message.content.array_records["discriminator"].to_torch_state_dict(),
+        preset=cfg.model, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim,
+        real_images=data.images, real_labels=data.labels, local_steps=cfg.local_steps, lr=cfg.fedavg_lr_d,
+        batch_size=cfg.batch_size, gp_weight=cfg.gp_weight, drift=cfg.drift,
+        generator=torch.Generator().manual_seed(int(scalars["seed"])))
+    content = encode_records({}, {"client_id": cid, "step": int(scalars["step"])})
+    content["delta"] = ArrayRecord({k: v.contiguous() for k, v in delta.items()})
+    return Message(content, reply_to=message)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-STRATEGIES = ("gswgan",)
+STRATEGIES = ("gswgan", "fedavg-gan")
 DATASETS = ("synthetic", "emnist", "femnist", "mnist", "fashion-mnist")
 PARTITIONS = ("writer", "iid", "dirichlet", "shards")
 MODELS = ("tiny", "small", "paper")
@@ -90,6 +90,16 @@ class ExperimentConfig:
     warmup_steps: int = _f(0, "non-private warm-start iterations of each client's D on first contact")
     noise_seed: int = _f(
         -1, "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default)"
+    )
+    # --- Fed-Avg GAN (Augenstein et al. 2020) --------------------------------------------------
+    fedavg_clients_per_round: int = _f(10, "fedavg-gan: clients m sampled per round")
+    local_steps: int = _f(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
+    server_g_steps: int = _f(6, "fedavg-gan: generator SGD steps on the server per round")
+    fedavg_lr_d: float = _f(5e-4, "fedavg-gan: clients' discriminator SGD learning rate")
+    fedavg_lr_g: float = _f(5e-3, "fedavg-gan: server's generator SGD learning rate")
+    fedavg_clip: float = _f(0.1, "fedavg-gan: L2 clip S of each client's whole discriminator delta")
+    fedavg_noise_multiplier: float = _f(
+        0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)"
     )
     # --- wire and accounting -----------------------------------------------------------------
     wire_dtype: str = _f("float32", "dtype of tensors on the wire; float16 is cast after the noise")
@@ -258,6 +268,11 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
+    for name in ("fedavg_clients_per_round", "local_steps", "server_g_steps"):
+        _check(getattr(c, name) >= 1, name, getattr(c, name), "must be >= 1")
+    for name in ("fedavg_lr_d", "fedavg_lr_g", "fedavg_clip"):
+        _check(getattr(c, name) > 0, name, getattr(c, name), "must be > 0")
+    _check(c.fedavg_noise_multiplier >= 0, "fedavg_noise_multiplier", c.fedavg_noise_multiplier, "must be >= 0")
     _check(c.eval_samples >= 10, "eval_samples", c.eval_samples, "must be >= 10")
     _check(c.eval_fid_samples >= 10, "eval_fid_samples", c.eval_fid_samples, "must be >= 10")
     for name in ("log_every", "sample_every", "checkpoint_every"):

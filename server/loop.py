@@ -185,26 +185,34 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         _snapshot(run, strategy, state)
 
 
+def epsilon_stats(report: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(max, median) per-client ε over queried clients; None when any of them is unbounded."""
+    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    if any(e is None for e in eps):
+        return None, None
+    return max(eps), float(np.median(eps))
+
+
 def _snapshot(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
     """Keep the released generator and the privacy spent so far, for ε-vs-quality curves."""
     report = strategy.privacy_report()
-    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    eps_max, eps_median = epsilon_stats(report)
     run.save_snapshot(state.step, strategy.released_generator().state_dict(), {
-        "epsilon_max": max(eps), "epsilon_median": float(np.median(eps)),
+        "epsilon_max": eps_max, "epsilon_median": eps_median,
         "epsilon_amplified": report["epsilon_amplified"]["epsilon"],
     })
 
 
 def _metrics_record(strategy: Strategy, state: LoopState) -> dict[str, Any]:
     report = strategy.privacy_report()
-    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    eps_max, eps_median = epsilon_stats(report)
     per_step = state.comm.per_step()
     return {
         "step": state.step,
         "time_s": round(state.wall_s, 3),
         **state.last_metrics,
-        "privacy/epsilon_max": max(eps),
-        "privacy/epsilon_median": float(np.median(eps)),
+        "privacy/epsilon_max": eps_max,
+        "privacy/epsilon_median": eps_median,
         "privacy/epsilon_amplified": report["epsilon_amplified"]["epsilon"],
         "privacy/clients_queried": sum(c["queries"] > 0 for c in report["clients"]),
         "comm/bytes_down": state.comm.down_total,
@@ -249,14 +257,11 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     for c in report["clients"]:
         c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
         c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
-    ledgers = {c["client_id"]: PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"]}
-    statement = privacy_statement(ledgers, delta=cfg.delta, clients_per_step=cfg.clients_per_step,
-                                  num_clients=len(cfg.participants()), steps=state.step,
-                                  noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+    statement = report.get("statement") or _ledger_statement(cfg, report, state)
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
         "epsilon_amplified": report["epsilon_amplified"],
-        "clients": [{k: c[k] for k in ("client_id", "queries", "epsilon", "epsilon_prv", "ledger")}
+        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_prv", "ledger")}
                     for c in report["clients"]],
     })
     if state.step > 0:
@@ -291,6 +296,13 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     }
     run.write_json("summary.json", summary)
     return summary
+
+
+def _ledger_statement(cfg: ExperimentConfig, report: dict[str, Any], state: LoopState) -> str:
+    ledgers = {c["client_id"]: PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"]}
+    return privacy_statement(ledgers, delta=cfg.delta, clients_per_step=cfg.clients_per_step,
+                             num_clients=len(cfg.participants()), steps=state.step,
+                             noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
 
 
 def _check_mirror(strategy: Strategy, report: dict[str, Any], state: LoopState) -> None:

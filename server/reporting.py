@@ -192,7 +192,12 @@ def sample_grid(generator: torch.nn.Module, *, num_classes: int, z_dim: int, per
 def format_summary_table(summary: dict[str, Any]) -> str:
     """The table printed at the end of a run."""
     eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0] or [0.0]
-    eps_sorted = sorted(eps)
+    if any(e is None for e in eps):
+        eps_text = "unbounded against an untrusted server (see the rule)"
+    else:
+        eps_sorted = sorted(eps)
+        eps_text = (f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · "
+                    f"max {eps_sorted[-1]:.4g}")
     per_step = summary["comm"]["bytes_per_step"]
     amp = summary.get("epsilon_amplified", {})
     rows = [
@@ -200,11 +205,10 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("status", summary["status"]),
         ("generator steps", f"{summary['steps_completed']} / {summary['steps_planned']}"),
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
-        (f"ε per client (δ={summary['delta']:g})",
-         f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · max {eps_sorted[-1]:.4g}"),
+        (f"ε per client (δ={summary['delta']:g})", eps_text),
         ("ε rule", summary["accounting"]),
-        ("ε amplified (trusted sampling)", f"{amp.get('epsilon', float('nan')):.4g}  [assumes "
-         f"uniform sampling of {summary['clients_per_step']} of {len(summary['participants'])} clients]"),
+        ("ε amplified (trusted sampling)", f"{amp.get('epsilon', float('nan')):.4g}  [assumes the server "
+         f"samples clients uniformly, q = {amp.get('sample_rate', float('nan')):.3g}]"),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),

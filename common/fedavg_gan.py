@@ -1,0 +1,362 @@
+"""Fed-Avg GAN core (Augenstein et al. 2020): user-level DP-FedAvg on the discriminator.
+
+Each round the server sends G and D to m sampled clients. A client takes up to ``local_steps``
+SGD steps on D with the WGAN-GP loss (its real data, fakes from the frozen G with uniform labels)
+and returns its D delta. The server clips each delta to L2 norm S, sums, adds N(0, (zS)^2 I),
+divides by the FIXED number of sampled clients m, applies the result to D, then takes
+``server_g_steps`` generator steps against the updated D (post-processing: no privacy cost).
+
+Why the fixed denominator: with the sum's sensitivity S (add/remove one client), dividing by
+the number that *replied* would make the denominator data-dependent and the noise on the mean
+too small when clients drop out; dividing by m keeps the mechanism exactly "Gaussian on the
+clipped sum, then a public rescaling" (McMahan et al. 2018, DP-FedAvg with fixed denominator).
+
+Flower 1.41's ``DifferentialPrivacyServerSideFixedClipping`` (``flwr/serverapp/strategy/
+dp_fixed_clipping.py``) was read, not imported. It clips each reply's whole-record update
+``reply - current`` to L2 norm S (FlatClip, over every array in one ArrayRecord, buffers
+included), lets the wrapped FedAvg average the clipped models, then adds N(0, (zS/m)^2) with
+m = ``num_sampled_clients``. That equals this module's mechanism ONLY when (a) exactly m
+clients reply, and (b) the FedAvg weights are equal. Otherwise it differs:
+
+- FedAvg divides by the total weight of the replies (by default ``num-examples``), not by m: a
+  missing client makes the mean's sensitivity S/n > S/m while the noise stays zS/m
+  (``validate_replies`` only logs a warning unless an accountant is attached, which makes it
+  strict and requires equal weights);
+- weights default to example counts, so one client's contribution is not bounded by S/m;
+- each ArrayRecord of a reply is clipped separately (G and D in two records -> norm up to S*sqrt2);
+- noise comes from the global ``np.random`` and is cast to each array's dtype (integer buffers
+  get truncated noise; clipping an integer array in place with a float factor raises);
+- its built-in accountant supports only no-amplification accounting, not q = m/K.
+So it can be reused only with uniform weights, the strict (accounted) reply check, a single
+ArrayRecord of float arrays, and our own amplified accountant; this module is the reference.
+
+No flwr import: the client and server apps call these pure functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .losses import critic_step
+from .models import build_discriminator, build_generator, sample_latent
+from .privacy import PrivacyEvent, amplified_epsilon
+
+Delta = dict[str, Tensor]
+
+ACCOUNTING_RULE_FEDAVG = (
+    "user-level DP-FedAvg, trusted server (an assumption about the server): each round the "
+    "server samples m of K clients, clips each client's whole discriminator delta to S, adds "
+    "N(0, (zS)^2) to the sum and divides by m; a Poisson-subsampled Gaussian with q = m/K and "
+    "noise multiplier z over the rounds that ran; Opacus RDP accountant"
+)
+UNTRUSTED_REASON = (
+    "unbounded: each client sends its raw (unclipped, un-noised) discriminator delta to the "
+    "server, so against an untrusted server no noise protects it"
+)
+
+
+# --- deltas: flatten, measure, clip, apply ---------------------------------------------------
+
+
+def flatten_delta(old: dict[str, Tensor], new: dict[str, Tensor]) -> Delta:
+    """``new - old`` for every floating-point entry of two state_dicts with the same keys.
+
+    Buffers such as spectral norm's ``_u``/``_v`` vectors or BatchNorm running statistics are
+    floating point and are included: DESIGN.md §3 clips the *whole* D, and a buffer shaped by
+    local data leaks as much as a weight does. Integer and bool buffers (BatchNorm's
+    ``num_batches_tracked``) are deliberately left out: they are counters, not learned from data
+    values; averaging and noising them is meaningless; and the server keeps its own copy, which
+    :func:`apply_delta` leaves untouched. The result is detached, in the entries' own dtype.
+    """
+    if old.keys() != new.keys():
+        missing = sorted(set(old) ^ set(new))
+        raise ValueError(f"state_dicts differ in keys: {missing}")
+    delta: Delta = {}
+    for name, old_t in old.items():
+        new_t = new[name]
+        if old_t.shape != new_t.shape:
+            raise ValueError(f"{name}: shape {tuple(old_t.shape)} != {tuple(new_t.shape)}")
+        if old_t.is_floating_point():
+            delta[name] = (new_t.detach() - old_t.detach().to(new_t.device)).clone()
+    return delta
+
+
+def delta_norm(delta: Delta) -> float:
+    """Whole-vector L2 norm over all entries (the FlatClip norm), accumulated in float64."""
+    total = sum(float(t.detach().double().pow(2).sum()) for t in delta.values())
+    return math.sqrt(total)
+
+
+def clip_delta(delta: Delta, *, clip_norm: float) -> tuple[Delta, bool]:
+    """Scale ``delta`` by ``min(1, S / ||delta||)``; returns (clipped copy, whether it was scaled).
+
+    Whole-vector clipping bounds one client's contribution to the sum by S, which is the
+    sensitivity the Gaussian noise is calibrated to.
+    """
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    norm = delta_norm(delta)
+    if norm <= clip_norm:
+        return {k: v.clone() for k, v in delta.items()}, False
+    scale = clip_norm / norm
+    return {k: v * scale for k, v in delta.items()}, True
+
+
+@torch.no_grad()
+def apply_delta(model: nn.Module, delta: Delta) -> None:
+    """Add ``delta`` in place to ``model``'s floating-point parameters and buffers.
+
+    The delta must cover exactly the model's floating-point state entries (what
+    :func:`flatten_delta` produces), so a mismatched architecture fails loudly instead of
+    silently updating part of D. Integer buffers are left as they are.
+    """
+    state = model.state_dict(keep_vars=True)
+    expected = {k for k, v in state.items() if v.is_floating_point()}
+    if set(delta) != expected:
+        raise ValueError(f"delta keys differ from the model's: {sorted(set(delta) ^ expected)}")
+    for name, d in delta.items():
+        target = state[name]
+        if d.shape != target.shape:
+            raise ValueError(f"{name}: delta shape {tuple(d.shape)} != {tuple(target.shape)}")
+        target.data.add_(d.to(device=target.device, dtype=target.dtype))
+
+
+# --- server-side aggregation -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AggregationInfo:
+    """What one call of :func:`aggregate_deltas` did; drives the ledger, not the config.
+
+    ``noise_std`` is the per-coordinate std on the *mean* (zS/m). Call :meth:`privacy_event`
+    with the population size K to get the subsampled-Gaussian event for the accountant.
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    num_sampled: int
+    num_replied: int
+    num_clipped: int
+    noise_std: float
+    norms: tuple[float, ...] = field(default=())
+
+    def privacy_event(self, *, num_clients: int) -> PrivacyEvent:
+        """One round of the subsampled Gaussian: multiplier z, sample rate q = m/K."""
+        if num_clients < self.num_sampled:
+            raise ValueError(f"num_clients {num_clients} < num_sampled {self.num_sampled}")
+        return PrivacyEvent(
+            noise_multiplier=self.noise_multiplier, sample_rate=self.num_sampled / num_clients
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": self.clip_norm,
+            "num_sampled": self.num_sampled,
+            "num_replied": self.num_replied,
+            "num_clipped": self.num_clipped,
+            "noise_std": self.noise_std,
+        }
+
+
+def _check_deltas(deltas: list[Delta]) -> None:
+    """Same keys and shapes everywhere, and finite values; errors name the client index."""
+    reference = deltas[0]
+    for i, delta in enumerate(deltas):
+        if delta.keys() != reference.keys():
+            raise ValueError(f"client {i}: delta keys differ from client 0's")
+        for name, t in delta.items():
+            if t.shape != reference[name].shape:
+                raise ValueError(f"client {i}: {name} has shape {tuple(t.shape)}")
+            if not torch.isfinite(t).all():
+                raise ValueError(f"client {i}: delta entry {name} has NaN or inf values")
+
+
+def _gaussian_like(t: Tensor, std: float, generator: torch.Generator) -> Tensor:
+    """N(0, std^2) noise shaped like ``t``, drawn on the CPU generator then moved to ``t``."""
+    noise = torch.randn(t.shape, generator=generator, dtype=torch.float64)
+    return (noise * std).to(device=t.device, dtype=t.dtype)
+
+
+def aggregate_deltas(
+    deltas: list[Delta],
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    num_sampled: int,
+    generator: torch.Generator,
+) -> tuple[Delta, AggregationInfo]:
+    """``(sum_i clip(delta_i, S) + N(0, (zS)^2 I)) / m`` with m = ``num_sampled``, fixed.
+
+    Fewer replies than m is allowed (dropouts), and the denominator stays m: see the module
+    docstring for why. Non-finite deltas raise ``ValueError`` naming the client index, since a
+    NaN would otherwise poison D for every client. At least one reply is required; with none,
+    the caller should skip the round (nothing is released, so nothing is accounted).
+    """
+    if not deltas:
+        raise ValueError("no deltas to aggregate; skip the round instead")
+    if len(deltas) > num_sampled:
+        raise ValueError(f"{len(deltas)} replies exceed num_sampled={num_sampled}")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
+    _check_deltas(deltas)
+    clipped = [clip_delta(d, clip_norm=clip_norm) for d in deltas]
+    sum_std = noise_multiplier * clip_norm
+    aggregate: Delta = {}
+    for name, ref in deltas[0].items():
+        total = torch.stack([c[name].to(torch.float64) for c, _ in clipped]).sum(0)
+        if sum_std > 0:
+            total = total + _gaussian_like(total, sum_std, generator)
+        aggregate[name] = (total / num_sampled).to(ref.dtype)
+    info = AggregationInfo(
+        noise_multiplier=float(noise_multiplier),
+        clip_norm=float(clip_norm),
+        num_sampled=num_sampled,
+        num_replied=len(deltas),
+        num_clipped=sum(was for _, was in clipped),
+        noise_std=sum_std / num_sampled,
+        norms=tuple(delta_norm(d) for d in deltas),
+    )
+    return aggregate, info
+
+
+# --- client: local discriminator steps ---------------------------------------------------------
+
+
+@torch.no_grad()
+def _fakes(
+    G: nn.Module, n: int, *, z_dim: int, num_classes: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """``n`` fakes from the frozen G with uniformly drawn labels."""
+    y = torch.randint(0, num_classes, (n,), generator=generator)
+    return G(sample_latent(n, z_dim, generator=generator), y), y
+
+
+def client_update(
+    G_state: dict[str, Tensor],
+    D_state: dict[str, Tensor],
+    *,
+    preset: str,
+    num_classes: int,
+    z_dim: int,
+    real_images: Tensor,
+    real_labels: Tensor,
+    local_steps: int = 6,
+    lr: float = 5e-4,
+    batch_size: int = 32,
+    gp_weight: float = 10.0,
+    drift: float = 1e-3,
+    generator: torch.Generator,
+) -> Delta:
+    """One client's round: up to ``local_steps`` SGD steps on D, returns its raw D delta.
+
+    "Up to": one shuffled pass over the local data, stopping after ``local_steps`` batches (the
+    last batch may be smaller), as in Augenstein et al. G is rebuilt from ``G_state`` and used in
+    eval mode under ``no_grad``, so it is never changed. The delta covers D's whole state,
+    buffers included (see :func:`flatten_delta`); clipping and noise happen on the server.
+    """
+    if real_images.shape[0] != real_labels.shape[0] or real_images.shape[0] == 0:
+        raise ValueError("real_images and real_labels must be non-empty and equally long")
+    G = build_generator(preset, z_dim=z_dim, num_classes=num_classes)
+    G.load_state_dict(G_state)
+    G.eval().requires_grad_(False)
+    D = build_discriminator(preset, num_classes=num_classes)
+    D.load_state_dict(D_state)
+    D.train()
+    optimizer = torch.optim.SGD(D.parameters(), lr=lr)
+    order = torch.randperm(real_images.shape[0], generator=generator)
+    for batch in order.split(batch_size)[:local_steps]:
+        fake, fake_y = _fakes(
+            G, len(batch), z_dim=z_dim, num_classes=num_classes, generator=generator
+        )
+        real, real_y = real_images[batch], real_labels[batch]
+        critic_step(
+            D, optimizer, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift,
+            generator=generator,
+        )
+    return flatten_delta(D_state, D.state_dict())
+
+
+# --- server: generator steps against the updated D ---------------------------------------------
+
+
+def server_generator_steps(
+    G: nn.Module,
+    D: nn.Module,
+    *,
+    steps: int = 6,
+    lr: float = 5e-3,
+    batch_size: int = 32,
+    z_dim: int,
+    num_classes: int,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """``steps`` SGD steps on G minimizing ``-mean D(G(z, y), y)`` with uniform labels.
+
+    Post-processing of the privatized D, so it costs no privacy. D is held in eval mode with its
+    parameters frozen for the duration (its power-iteration buffers are not advanced, so D is
+    exactly unchanged), then its mode and ``requires_grad`` flags are restored.
+    """
+    was_training = D.training
+    flags = [p.requires_grad for p in D.parameters()]
+    D.eval().requires_grad_(False)
+    optimizer = torch.optim.SGD(G.parameters(), lr=lr)
+    G.train()
+    losses: list[float] = []
+    try:
+        for _ in range(steps):
+            y = torch.randint(0, num_classes, (batch_size,), generator=generator)
+            z = sample_latent(batch_size, z_dim, generator=generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss = -D(G(z, y), y).mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        D.train(was_training)
+        for p, flag in zip(D.parameters(), flags, strict=True):
+            p.requires_grad_(flag)
+    mean = sum(losses) / len(losses) if losses else float("nan")
+    last = losses[-1] if losses else float("nan")
+    return {"g_steps": float(steps), "g_loss": last, "g_loss_mean": mean}
+
+
+# --- privacy accounting ------------------------------------------------------------------------
+
+
+def fedavg_epsilon(
+    *, noise_multiplier: float, clients_per_round: int, num_clients: int, rounds: int, delta: float
+) -> dict[str, Any]:
+    """Trusted-server, user-level ε of the rounds that ran, and the untrusted-server ε (None).
+
+    ``rounds`` must count the aggregations that actually released a noised D (the ledger), not
+    the configured number. ε is the subsampled Gaussian with q = m/K over those rounds; with
+    z = 0 it is unbounded and reported as None with a reason (JSON has no infinity).
+    """
+    if not 0 < clients_per_round <= num_clients:
+        raise ValueError(
+            f"need 0 < clients_per_round <= num_clients, got {clients_per_round}, {num_clients}"
+        )
+    q = clients_per_round / num_clients
+    eps = amplified_epsilon(
+        noise_multiplier=noise_multiplier, sample_rate=q, steps=rounds, delta=delta
+    )
+    finite = math.isfinite(eps)
+    return {
+        "epsilon": eps if finite else None,
+        "epsilon_reason": None if finite else "unbounded: noise multiplier 0",
+        "epsilon_kind": "trusted server, user-level (amplified, q = m/K)",
+        "delta": delta,
+        "sample_rate": q,
+        "noise_multiplier": noise_multiplier,
+        "rounds": rounds,
+        "accountant": "rdp",
+        "rule": ACCOUNTING_RULE_FEDAVG,
+        "epsilon_untrusted": None,
+        "epsilon_untrusted_reason": UNTRUSTED_REASON,
+    }

@@ -1,0 +1,261 @@
+"""Fed-Avg GAN core: delta arithmetic, clip/noise/average with a fixed denominator, local steps,
+generator steps and the user-level ε. Tiny models, seeded; exact counters, no loss values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from common.fedavg_gan import (
+    aggregate_deltas,
+    apply_delta,
+    client_update,
+    clip_delta,
+    delta_norm,
+    fedavg_epsilon,
+    flatten_delta,
+    server_generator_steps,
+)
+from common.models import build_discriminator, build_generator
+from common.privacy import amplified_epsilon
+
+Z_DIM, NUM_CLASSES = 10, 10
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _delta(scale: float, seed: int) -> dict[str, torch.Tensor]:
+    g = _gen(seed)
+    return {"a": scale * torch.randn(3, 4, generator=g), "b": scale * torch.randn(5, generator=g)}
+
+
+def _states(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# --- deltas ------------------------------------------------------------------------------------
+
+
+def test_delta_norm_is_whole_vector_l2() -> None:
+    delta = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([[4.0]])}
+    assert delta_norm(delta) == pytest.approx(5.0)
+
+
+def test_flatten_delta_keeps_float_buffers_and_skips_integer_counters() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    old = _states(model)
+    model.train()
+    model(torch.randn(8, 3, generator=_gen()))  # updates running stats and the counter
+    delta = flatten_delta(old, model.state_dict())
+    assert "1.running_mean" in delta and "1.running_var" in delta
+    assert "1.num_batches_tracked" not in delta
+    assert delta["1.running_mean"].abs().sum() > 0
+
+
+def test_apply_delta_round_trips_flatten_delta() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    old = _states(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    model.train()
+    model(torch.randn(8, 3, generator=_gen()))
+    new = _states(model)
+    model.load_state_dict(old)
+    apply_delta(model, flatten_delta(old, new))
+    for name, value in model.state_dict().items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value, new[name])
+    assert int(model.state_dict()["1.num_batches_tracked"]) == 0  # counter left alone
+
+
+def test_apply_delta_rejects_mismatched_keys() -> None:
+    with pytest.raises(ValueError, match="keys"):
+        apply_delta(nn.Linear(2, 2), {"weight": torch.zeros(2, 2)})
+
+
+# --- clipping ----------------------------------------------------------------------------------
+
+
+def test_clip_bounds_large_delta_and_keeps_direction() -> None:
+    delta = _delta(10.0, 0)
+    clipped, was_clipped = clip_delta(delta, clip_norm=0.5)
+    assert was_clipped
+    assert delta_norm(clipped) == pytest.approx(0.5, rel=1e-6)
+    ratio = clipped["a"] / delta["a"]
+    torch.testing.assert_close(ratio, torch.full_like(ratio, 0.5 / delta_norm(delta)))
+
+
+def test_clip_leaves_small_delta_untouched() -> None:
+    delta = _delta(1e-3, 1)
+    clipped, was_clipped = clip_delta(delta, clip_norm=1.0)
+    assert not was_clipped
+    for k in delta:
+        assert torch.equal(clipped[k], delta[k])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scale=st.floats(1e-6, 1e6),
+    clip_norm=st.floats(1e-4, 1e3),
+    seed=st.integers(0, 2**16),
+)
+def test_clipped_norm_never_exceeds_clip_norm(scale: float, clip_norm: float, seed: int) -> None:
+    clipped, _ = clip_delta(_delta(scale, seed), clip_norm=clip_norm)
+    assert delta_norm(clipped) <= clip_norm * (1 + 1e-6)
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+
+def test_noiseless_aggregate_is_sum_of_clipped_over_fixed_num_sampled() -> None:
+    deltas = [_delta(10.0, 0), _delta(1e-3, 1), _delta(1.0, 2)]  # a fourth client never replied
+    agg, info = aggregate_deltas(
+        deltas, clip_norm=0.5, noise_multiplier=0.0, num_sampled=4, generator=_gen()
+    )
+    clipped = [clip_delta(d, clip_norm=0.5)[0] for d in deltas]
+    for k in agg:
+        torch.testing.assert_close(agg[k], sum(c[k] for c in clipped) / 4)
+    assert (info.num_sampled, info.num_replied, info.num_clipped) == (4, 3, 2)
+    assert info.noise_std == 0.0
+
+
+def test_aggregate_noise_std_is_z_times_s_over_m() -> None:
+    z, s, m = 2.0, 0.5, 4
+    zero = {"w": torch.zeros(40_000)}
+    agg, info = aggregate_deltas(
+        [zero, zero], clip_norm=s, noise_multiplier=z, num_sampled=m, generator=_gen(3)
+    )
+    expected = z * s / m
+    assert info.noise_std == pytest.approx(expected)
+    # Sample std of 40k normals has relative sd ~ 1/sqrt(2n) = 0.35%; 3% is > 8 sigma.
+    assert float(agg["w"].std()) == pytest.approx(expected, rel=0.03)
+    assert abs(float(agg["w"].mean())) < 5 * expected / math.sqrt(40_000)
+
+
+def test_aggregate_noise_is_reproducible_from_the_generator() -> None:
+    kwargs = dict(clip_norm=1.0, noise_multiplier=1.0, num_sampled=2)
+    a, _ = aggregate_deltas([_delta(1.0, 0)], generator=_gen(7), **kwargs)
+    b, _ = aggregate_deltas([_delta(1.0, 0)], generator=_gen(7), **kwargs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_aggregate_rejects_nan_naming_the_client() -> None:
+    bad = _delta(1.0, 1)
+    bad["b"][2] = float("nan")
+    with pytest.raises(ValueError, match="client 1"):
+        aggregate_deltas(
+            [_delta(1.0, 0), bad], clip_norm=1.0, noise_multiplier=1.0, num_sampled=2,
+            generator=_gen(),
+        )  # fmt: skip
+
+
+def test_aggregate_rejects_more_replies_than_sampled() -> None:
+    with pytest.raises(ValueError, match="exceed"):
+        aggregate_deltas(
+            [_delta(1.0, 0)] * 3, clip_norm=1.0, noise_multiplier=1.0, num_sampled=2,
+            generator=_gen(),
+        )  # fmt: skip
+
+
+def test_privacy_event_has_sample_rate_m_over_k() -> None:
+    _, info = aggregate_deltas(
+        [_delta(1.0, 0)], clip_norm=1.0, noise_multiplier=0.7, num_sampled=10, generator=_gen()
+    )
+    event = info.privacy_event(num_clients=1000)
+    assert (event.noise_multiplier, event.sample_rate, event.count) == (0.7, 0.01, 1)
+
+
+# --- client and server steps -------------------------------------------------------------------
+
+
+def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, NUM_CLASSES, (n,), generator=g)
+
+
+def _client(G: nn.Module, D: nn.Module, n: int = 40) -> dict[str, torch.Tensor]:
+    images, labels = _data(n)
+    return client_update(
+        _states(G), _states(D), preset="tiny", num_classes=NUM_CLASSES, z_dim=Z_DIM,
+        real_images=images, real_labels=labels, local_steps=6, batch_size=8, generator=_gen(1),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client_round() -> tuple[dict, dict, dict, dict]:
+    """One client_update on tiny models: (G state, D state before, D state after caller, delta)."""
+    torch.manual_seed(0)
+    G, D = build_generator("tiny", z_dim=Z_DIM), build_discriminator("tiny")
+    g_before, d_before = _states(G), _states(D)
+    delta = _client(G, D)
+    return g_before, d_before, {"G": _states(G), "D": _states(D)}, delta
+
+
+def test_client_update_changes_d_including_spectral_norm_buffers_and_not_g(client_round) -> None:
+    g_before, d_before, after, delta = client_round
+    float_keys = {k for k, v in d_before.items() if v.is_floating_point()}
+    assert set(delta) == float_keys
+    # Power-iteration vectors are buffers and are in the delta; a length-1 u (the 1-output
+    # linear layer) is always +-1, so only the longer ones must have moved.
+    u_keys = [k for k in delta if k.endswith("_u") and delta[k].numel() > 1]
+    assert len(u_keys) >= 3 and all(delta[k].abs().sum() > 0 for k in u_keys)
+    assert delta_norm(delta) > 0
+    for k, v in after["G"].items():  # the caller's G and D objects are untouched
+        assert torch.equal(v, g_before[k])
+    for k, v in after["D"].items():
+        assert torch.equal(v, d_before[k])
+
+
+def test_client_update_delta_applies_to_server_d(client_round) -> None:
+    _, d_before, _, delta = client_round
+    D = build_discriminator("tiny")
+    D.load_state_dict(d_before)
+    apply_delta(D, delta)
+    for k, v in D.state_dict().items():
+        torch.testing.assert_close(v, d_before[k] + delta[k])
+
+
+def test_server_generator_steps_change_g_only() -> None:
+    torch.manual_seed(0)
+    G, D = build_generator("tiny", z_dim=Z_DIM), build_discriminator("tiny")
+    D.train()
+    g_before, d_before = _states(G), _states(D)
+    stats = server_generator_steps(
+        G, D, steps=3, batch_size=8, z_dim=Z_DIM, num_classes=NUM_CLASSES, generator=_gen(2)
+    )
+    assert stats["g_steps"] == 3 and math.isfinite(stats["g_loss"])
+    assert any(not torch.equal(v, g_before[k]) for k, v in G.state_dict().items())
+    for k, v in D.state_dict().items():
+        assert torch.equal(v, d_before[k])
+    assert D.training and all(p.requires_grad for p in D.parameters())
+    assert all(p.grad is None for p in D.parameters())
+
+
+# --- epsilon -----------------------------------------------------------------------------------
+
+
+def test_fedavg_epsilon_matches_amplified_epsilon_with_q_m_over_k() -> None:
+    out = fedavg_epsilon(
+        noise_multiplier=1.0, clients_per_round=10, num_clients=1000, rounds=200, delta=1e-5
+    )
+    expected = amplified_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=200, delta=1e-5)
+    assert out["sample_rate"] == 0.01
+    assert out["epsilon"] == pytest.approx(expected)
+    assert "trusted server" in out["epsilon_kind"] and "user-level" in out["epsilon_kind"]
+    assert out["epsilon_untrusted"] is None
+    assert "unbounded" in out["epsilon_untrusted_reason"]
+
+
+def test_fedavg_epsilon_without_noise_is_none_with_reason() -> None:
+    out = fedavg_epsilon(
+        noise_multiplier=0.0, clients_per_round=10, num_clients=100, rounds=5, delta=1e-5
+    )
+    assert out["epsilon"] is None and "unbounded" in out["epsilon_reason"]
