@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Literal
+from contextlib import contextmanager
+from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -229,6 +230,27 @@ class DpDiscriminatorTrainer:
             p.grad_sample = grads[name]
         with torch.no_grad():
             return self.D(fake, fake_y)
+
+    @contextmanager
+    def frozen(self) -> Iterator[nn.Module]:
+        """D for the generator step: parameters frozen and Opacus' hooks off.
+
+        The hooks sit on D's own submodules, so a generator step through D would otherwise store
+        activations and per-sample gradients that the next DP step would mix into its batch.
+        """
+        params = [p for p in self.D.parameters() if p.requires_grad]
+        hooks = getattr(self.module, "disable_hooks", None) is not None
+        for p in params:
+            p.requires_grad_(False)
+        if hooks:
+            self.module.disable_hooks()
+        try:
+            yield self.D
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+            if hooks:
+                self.module.enable_hooks()
 
     def privacy_events(self) -> list[Event]:
         """``[(noise_multiplier, sample_rate, steps_taken)]``: what actually ran, for the ledger."""

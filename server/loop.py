@@ -175,7 +175,8 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
     if step % cfg.log_every == 0 or step == cfg.steps:
         record = _metrics_record(strategy, state)
         run.append_metrics(record)
-        bar.set_postfix(eps_max=f"{record['privacy/epsilon_max']:.3g}",
+        eps_max = record["privacy/epsilon_max"]
+        bar.set_postfix(eps_max="unbounded" if eps_max is None else f"{eps_max:.3g}",
                         w=f"{record.get('train/wasserstein', float('nan')):.3g}")
     if step % cfg.sample_every == 0 or step == cfg.steps:
         run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)

@@ -17,7 +17,7 @@ from torch import nn
 
 from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
-from common.fedavg_gan import aggregate_deltas, apply_delta, fedavg_epsilon, server_generator_steps
+from common.fedavg_gan import ACCOUNTING_RULE_FEDAVG, aggregate_deltas, apply_delta, fedavg_epsilon, server_generator_steps
 from common.models import GeneratorEMA, build_discriminator, build_generator
 from common.privacy import noise_generator
 
@@ -102,8 +102,16 @@ class FedAvgGanStrategy(Strategy):
         clients = [{"client_id": c, "queries": self.participation.get(c, 0), "epsilon": None,
                     "epsilon_reason": UNBOUNDED_REASON, "epsilon_prv": None}
                    for c in range(cfg.num_clients)]
+        amplified = "unbounded (z = 0)" if eps["epsilon"] is None else f"ε = {eps['epsilon']:.4g}"
+        statement = (f"Privacy statement (δ = {cfg.delta:g}). Fed-Avg GAN, user-level DP-FedAvg: each round "
+                     f"every sampled client's discriminator delta is clipped to L2 norm S = {cfg.fedavg_clip} "
+                     f"and the server adds Gaussian noise of std zS (z = {cfg.fedavg_noise_multiplier}) to "
+                     f"their sum. With a trusted server sampling {cfg.fedavg_clients_per_round} of "
+                     f"{len(cfg.participants())} clients uniformly, {amplified} after {self.rounds_done} "
+                     f"rounds. {UNBOUNDED_REASON}: no per-client guarantee holds against the server.")
         return {
             "clients": clients,
+            "statement": statement,
             "epsilon_max": None,
             "accounting": ("per-client, untrusted server: unbounded (raw deltas are visible to the server); "
                            "see epsilon_amplified for the user-level DP-FedAvg guarantee with a trusted server"),
@@ -112,9 +120,7 @@ class FedAvgGanStrategy(Strategy):
                 "sample_rate": cfg.fedavg_clients_per_round / len(cfg.participants()),
                 "steps": self.rounds_done,
                 "query_noise_multiplier": cfg.fedavg_noise_multiplier,
-                "assumption": ("user-level DP-FedAvg, trusted server: each round's clipped deltas (S="
-                               f"{cfg.fedavg_clip}) are summed and noised with std zS, treated as a "
-                               "Poisson-subsampled Gaussian with q = m/K over the rounds; Opacus RDP accountant"),
+                "assumption": ACCOUNTING_RULE_FEDAVG,
             },
         }
 

@@ -26,6 +26,7 @@ from common.dpgan import (
 from common.models import build_discriminator
 
 warnings.filterwarnings("ignore", module="opacus")
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook")
 
 
 class DotCritic(nn.Module):
@@ -173,6 +174,18 @@ def test_ns_step_on_dpgan_discriminator_runs_and_reports_fake_stats() -> None:
     assert 0.0 <= stats["fake_accuracy"] <= 1.0
     assert trainer.steps_taken == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, D.parameters()))
+
+
+def test_generator_step_through_frozen_d_leaves_no_grad_samples() -> None:
+    D = DotCritic()
+    trainer = _trainer(D)
+    fake = torch.randn(4, 2, requires_grad=True)  # stands in for G's output
+    with trainer.frozen() as frozen_d:
+        (-frozen_d(fake, torch.zeros(4)).sum()).backward()
+    assert fake.grad is not None and D.lin.weight.grad_sample is None
+    assert D.lin.weight.requires_grad
+    trainer.step(torch.randn(2, 2), torch.zeros(2), fake.detach(), torch.zeros(4))
+    assert D.lin.weight.grad_sample is not None and trainer.steps_taken == 1
 
 
 # --- WGAN-GP per-row gradients ---------------------------------------------------------------------
