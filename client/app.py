@@ -122,3 +122,35 @@ def handle_fedavg(message: Message, context: Context) -> Message:
     content = encode_records({}, {"client_id": cid, "step": int(scalars["step"])})
     content["delta"] = ArrayRecord({k: v.contiguous() for k, v in delta.items()})
     return Message(content, reply_to=message)
+
+
+@app.train("dpgan")
+def handle_dpgan(message: Message, context: Context) -> Message:
+    """Centralized DPGAN round on the curator node; replies with G's weights and its ledger."""
+    from flwr.app import ArrayRecord
+
+    from common.privacy import PrivacyEvent
+
+    from .dpgan_node import load_node, run_round, save_node
+
+    record = _run_record(context)
+    cfg = _config(record)
+    step = int(decode_records(message.content)[1]["step"])
+    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+    node = load_node(cfg, str(record["state_dir"]), rounds=step)
+    planned = PrivacyEvent(noise_multiplier=node.trainer.noise_multiplier, sample_rate=node.sample_rate,
+                           count=node.n_d)
+    scalars = {"client_id": client_id_of(context), "step": step, "refused": False, "reason": "",
+               "noise_multiplier": node.trainer.noise_multiplier, "sample_rate": node.sample_rate}
+    if node.ledger.would_exceed(budget=cfg.client_epsilon_budget, delta=cfg.delta, next_event=planned):
+        scalars.update(refused=True, reason=f"the DPGAN node refuses: {node.n_d} more discriminator steps "
+                       f"would exceed its epsilon budget {cfg.client_epsilon_budget}")
+        return Message(encode_records({}, scalars), reply_to=message)
+    stats = run_round(node, cfg)
+    save_node(node, str(record["state_dir"]))
+    scalars.update(new_steps=stats.pop("new_steps"), n_d=node.n_d, discriminator_steps=node.trainer.steps_taken,
+                   ledger=json.dumps(node.ledger.state_dict()))
+    content = encode_records({}, scalars)
+    content["stats"] = ConfigRecord({k: float(v) for k, v in stats.items()})
+    content["generator"] = ArrayRecord(node.generator.state_dict())
+    return Message(content, reply_to=message)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-STRATEGIES = ("gswgan", "fedavg-gan")
+STRATEGIES = ("gswgan", "dpgan", "fedavg-gan")
+DPGAN_LOSSES = ("ns", "wgan-gp")
 DATASETS = ("synthetic", "emnist", "femnist", "mnist", "fashion-mnist")
 PARTITIONS = ("writer", "iid", "dirichlet", "shards")
 MODELS = ("tiny", "small", "paper")
@@ -91,6 +92,15 @@ class ExperimentConfig:
     noise_seed: int = _f(
         -1, "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default)"
     )
+    # --- centralized DPGAN (Bie, Kamath, Zhang 2023) -----------------------------------------------
+    dpgan_noise_multiplier: float = _f(1.0, "dpgan: DP-SGD noise multiplier sigma (noise std sigma*C)")
+    dpgan_clip: float = _f(1.0, "dpgan: per-example clipping bound C of D's gradient")
+    dpgan_batch_size: int = _f(128, "dpgan: expected real batch B (Poisson sampling with q = B/N)")
+    dpgan_n_d: int = _f(5, "dpgan: discriminator steps per generator step (initial value when adaptive)")
+    dpgan_adaptive: bool = _f(False, "dpgan: adapt n_D when D's EMA accuracy on fakes drops below the threshold")
+    dpgan_adaptive_threshold: float = _f(0.6, "dpgan: threshold d of the adaptive n_D schedule")
+    dpgan_loss: str = _f("ns", f"dpgan: discriminator loss, one of {', '.join(DPGAN_LOSSES)}")
+    dpgan_lr: float = _f(2e-4, "dpgan: Adam learning rate of D and G")
     # --- Fed-Avg GAN (Augenstein et al. 2020) --------------------------------------------------
     fedavg_clients_per_round: int = _f(10, "fedavg-gan: clients m sampled per round")
     local_steps: int = _f(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
@@ -268,6 +278,15 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
+    _check(c.dpgan_loss in DPGAN_LOSSES, "dpgan_loss", c.dpgan_loss, f"choose one of {DPGAN_LOSSES}")
+    for name in ("dpgan_batch_size", "dpgan_n_d"):
+        _check(getattr(c, name) >= 1, name, getattr(c, name), "must be >= 1")
+    for name in ("dpgan_clip", "dpgan_lr"):
+        _check(getattr(c, name) > 0, name, getattr(c, name), "must be > 0")
+    _check(c.dpgan_noise_multiplier > 0, "dpgan_noise_multiplier", c.dpgan_noise_multiplier,
+           "must be > 0 (Opacus needs noise)")
+    _check(0 < c.dpgan_adaptive_threshold < 1, "dpgan_adaptive_threshold", c.dpgan_adaptive_threshold,
+           "must be in (0, 1)")
     for name in ("fedavg_clients_per_round", "local_steps", "server_g_steps"):
         _check(getattr(c, name) >= 1, name, getattr(c, name), "must be >= 1")
     for name in ("fedavg_lr_d", "fedavg_lr_g", "fedavg_clip"):

@@ -295,6 +295,7 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         "notes": state.notes,
         "privacy_statement": statement,
     }
+    summary.update(report.get("summary_extra", {}))  # strategy-specific figures (e.g. DPGAN's q, steps)
     run.write_json("summary.json", summary)
     return summary
 

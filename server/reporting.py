@@ -207,8 +207,9 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε per client (δ={summary['delta']:g})", eps_text),
         ("ε rule", summary["accounting"]),
-        ("ε amplified (trusted sampling)", f"{amp.get('epsilon', float('nan')):.4g}  [assumes the server "
-         f"samples clients uniformly, q = {amp.get('sample_rate', float('nan')):.3g}]"),
+        ("ε amplified (trusted sampling)", "n/a: " + amp.get("assumption", "") if amp.get("epsilon") is None
+         else f"{amp['epsilon']:.4g}  [assumes the server samples clients uniformly, "
+              f"q = {amp.get('sample_rate', float('nan')):.3g}]"),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),

@@ -13,6 +13,7 @@ from .base import Incoming, Outgoing, StepOutcome, Strategy
 REGISTRY = {
     "gswgan": ("server.strategies.gswgan", "GsWganStrategy"),
     "fedavg-gan": ("server.strategies.fedavg_gan", "FedAvgGanStrategy"),
+    "dpgan": ("server.strategies.dpgan", "DpganStrategy"),
 }
 
 

@@ -1,0 +1,47 @@
+"""Centralized DPGAN through the same loop: the curator's ledger, exact step counts, resume."""
+
+import json
+
+import pytest
+
+from common.config import ExperimentConfig
+from common.privacy import PrivacyEvent, PrivacyLedger
+from server.reporting import RunDirectory
+from simulations.simulate import _run_flower, _run_inprocess
+
+
+def dpgan_cfg(tmp_path, name="run", **changes):
+    base = dict(strategy="dpgan", num_clients=3, steps=4, model="tiny", synthetic_samples_per_writer=40,
+                dpgan_batch_size=16, dpgan_n_d=3, progress=False, eval=False, noise_seed=2,
+                out=str(tmp_path / name))
+    base.update(changes)
+    return ExperimentConfig(**base)
+
+
+@pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])
+def test_dpgan_counts_and_epsilon_from_what_ran(tmp_path, runner):
+    cfg = dpgan_cfg(tmp_path)
+    summary, error = runner(cfg, RunDirectory.create(cfg), False)
+    assert error is None, error
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["steps_completed"] == 4
+    assert written["discriminator_steps"] == 4 * 3
+    assert written["sample_rate"] == pytest.approx(16 / (3 * 40))
+    assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier
+    (client,) = written["clients"]
+    expected = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=16 / 120, count=12)])
+    assert client["queries"] == 12
+    assert client["epsilon"] == pytest.approx(expected.epsilon(delta=cfg.delta))
+    assert client["epsilon_prv"] is not None and client["epsilon_prv"] <= client["epsilon"] + 1e-9
+
+
+def test_dpgan_resume_continues_the_curators_ledger(tmp_path):
+    cfg = dpgan_cfg(tmp_path, steps=2)
+    run = RunDirectory.create(cfg)
+    first, error = _run_inprocess(cfg, run, False)
+    assert error is None, error
+    more = cfg.replace(steps=4)
+    run.write_json("config.json", more.to_dict())
+    resumed, error = _run_inprocess(more, run, True)
+    assert error is None, error
+    assert resumed["discriminator_steps"] == 12 and resumed["clients"][0]["queries"] == 12
