@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
                      "directly, without Flower's runtime (same results, for debugging and benchmarks)")
     add_config_flags(sim)
+    cmp_ = sub.add_parser("compare", help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
+                          "comparison.json, a table and a bytes-per-step plot",
+                          description=__import__("simulations.compare", fromlist=["x"]).__doc__)
+    cmp_.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    cmp_.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
+                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly")
+    add_config_flags(cmp_)
     ev = sub.add_parser("evaluate", help="FID, domain FID, IS and downstream utility of a run's generator; "
                         "writes eval.json, plots/ and report.html into the run directory")
     ev.add_argument("run_dir", metavar="RUN_DIR")
@@ -147,6 +154,22 @@ def cmd_data(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from common.data import DataError, check_partition_sizes
+
+    from .compare import compare, format_comparison
+
+    try:
+        cfg = resolve_config(args)
+        check_partition_sizes(cfg)
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = compare(cfg, transport=args.transport)
+    print(format_comparison(result))
+    return 0 if all("summary" in e for e in result["strategies"]) else 1
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from common.data import DataError
     from server.reporting import RunDirectoryError
@@ -192,7 +215,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"simulate": cmd_simulate, "evaluate": cmd_evaluate, "debug-task": cmd_debug_task, "data": cmd_data}
+    commands = {"simulate": cmd_simulate, "compare": cmd_compare, "evaluate": cmd_evaluate, "debug-task": cmd_debug_task, "data": cmd_data}
     return commands[args.command](args)
 
 

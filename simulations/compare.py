@@ -1,0 +1,93 @@
+"""``fedgan compare``: GS-WGAN, DPGAN and Fed-Avg GAN on the same data, partition and seed.
+
+Each strategy runs with its own privacy parameters through the same loop and client app, is evaluated
+like any run (unless ``--no-eval``), and ends up in ``comparison.json`` (one entry per strategy with
+its run directory and its summary.json content) plus a table and a bytes-per-step plot. Bytes are
+the measured ones from each run, never computed from parameter counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from common.config import ExperimentConfig
+from common.evaluation.plots import plot_bytes_per_step
+from server.reporting import RunDirectory, atomic_write_json, next_run_dir
+
+from .simulate import _run_flower, _run_inprocess
+
+STRATEGY_ORDER = ("gswgan", "dpgan", "fedavg-gan")
+
+
+def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
+    """Generator updates that ran: Fed-Avg GAN takes server_g_steps per round, the others one per step."""
+    rounds = summary["steps_completed"]
+    return rounds * cfg.server_g_steps if summary["strategy"] == "fedavg-gan" else rounds
+
+
+def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict[str, Any]:
+    scfg = cfg.replace(strategy=name, out=str(out / name))
+    run = RunDirectory.create(scfg)
+    runner = _run_inprocess if transport == "inprocess" else _run_flower
+    _, error = runner(scfg, run, False)
+    entry: dict[str, Any] = {"strategy": name, "run_dir": str(run.path)}
+    if error is not None:
+        entry["error"] = f"{type(error).__name__}: {error}"
+        return entry
+    entry["summary"] = json.loads((run.path / "summary.json").read_text())
+    entry["generator_steps"] = generator_steps(entry["summary"], scfg)
+    per_round = entry["summary"]["comm"]["bytes_per_step"]
+    entry["bytes_per_generator_step"] = {k: v * entry["summary"]["steps_completed"] / max(entry["generator_steps"], 1)
+                                         for k, v in per_round.items()}
+    if cfg.eval:
+        from .evaluate import METRICS, evaluate_run
+
+        result = evaluate_run(run.path, progress=cfg.progress)
+        entry["eval"] = {k: result[k] for k in METRICS if k in result}
+    return entry
+
+
+def compare(cfg: ExperimentConfig, *, transport: str = "flower",
+            strategies: tuple[str, ...] = STRATEGY_ORDER) -> dict[str, Any]:
+    out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="compare"))
+    out.mkdir(parents=True, exist_ok=False)
+    entries = [run_one(cfg, out, name, transport) for name in strategies]
+    finished = [e["summary"] for e in entries if "summary" in e]
+    result = {"dir": str(out), "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
+              "num_clients": cfg.num_clients, "strategies": entries}
+    if finished:
+        result["bytes_plot"] = str(plot_bytes_per_step(finished, out / "bytes_per_step.png"))
+    atomic_write_json(out / "comparison.json", result)
+    return result
+
+
+def _eps_cells(summary: dict[str, Any]) -> tuple[str, str]:
+    head = summary.get("epsilon_max")
+    amp = (summary.get("epsilon_amplified") or {}).get("epsilon")
+    headline = "unbounded" if head is None else f"{head:.4g}"
+    secondary = "n/a" if amp is None else f"{amp:.4g}"
+    return headline, secondary
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    header = ("strategy", "ε per client (max)", "ε amplified", "bytes/G-step down", "bytes/G-step up",
+              "bytes total", "wall s", "FID", "gen2real CNN")
+    rows = [header]
+    for e in result["strategies"]:
+        if "summary" not in e:
+            rows.append((e["strategy"], "failed: " + e["error"][:60], "", "", "", "", "", "", ""))
+            continue
+        s, ev = e["summary"], e.get("eval", {})
+        head, amp = _eps_cells(s)
+        fid = (ev.get("fid") or {}).get("value")
+        g2r = (ev.get("gen2real_acc") or {}).get("cnn")
+        rows.append((e["strategy"], head, amp, f"{e['bytes_per_generator_step']['down']:,.0f}",
+                     f"{e['bytes_per_generator_step']['up']:,.0f}",
+                     f"{s['comm']['bytes_down_total'] + s['comm']['bytes_up_total']:,}", f"{s['wall_s']:.1f}",
+                     "n/a" if fid is None else f"{fid:.1f}", "n/a" if g2r is None else f"{g2r:.1%}"))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    rules = [f"{e['strategy']}: {e['summary']['accounting']}" for e in result["strategies"] if "summary" in e]
+    return "\n".join(lines + ["", "ε rules (δ as configured):", *rules, "", f"comparison: {result['dir']}"])
