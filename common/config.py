@@ -101,6 +101,10 @@ class ExperimentConfig:
     dpgan_adaptive_threshold: float = _f(0.6, "dpgan: threshold d of the adaptive n_D schedule")
     dpgan_loss: str = _f("ns", f"dpgan: discriminator loss, one of {', '.join(DPGAN_LOSSES)}")
     dpgan_lr: float = _f(2e-4, "dpgan: Adam learning rate of D and G")
+    target_epsilon: float = _f(
+        0.0, "dpgan: calibrate sigma (Opacus get_noise_multiplier, RDP) so that the planned steps x n_D "
+        "discriminator steps reach this epsilon at delta (0: use --dpgan-noise-multiplier)"
+    )
     # --- Fed-Avg GAN (Augenstein et al. 2020) --------------------------------------------------
     fedavg_clients_per_round: int = _f(10, "fedavg-gan: clients m sampled per round")
     local_steps: int = _f(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
@@ -278,6 +282,7 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
+    _check(c.target_epsilon >= 0, "target_epsilon", c.target_epsilon, "must be >= 0")
     _check(c.dpgan_loss in DPGAN_LOSSES, "dpgan_loss", c.dpgan_loss, f"choose one of {DPGAN_LOSSES}")
     for name in ("dpgan_batch_size", "dpgan_n_d"):
         _check(getattr(c, name) >= 1, name, getattr(c, name), "must be >= 1")

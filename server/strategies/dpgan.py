@@ -101,7 +101,8 @@ class DpganStrategy(Strategy):
             "summary_extra": {
                 "sample_rate": self.last.get("sample_rate"),
                 "discriminator_steps": self.last.get("discriminator_steps", 0),
-                "noise_multiplier": self.cfg.dpgan_noise_multiplier,
+                "noise_multiplier": self.last.get("noise_multiplier", self.cfg.dpgan_noise_multiplier),
+                "target_epsilon": self.cfg.target_epsilon or None,
                 "n_d": self.last.get("n_d", self.cfg.dpgan_n_d),
             },
         }
