@@ -18,8 +18,7 @@ import torch.nn.functional as F
 
 from common.config import ExperimentConfig
 from common.data import load_client_partition, num_classes_for
-from common.dpgan import (AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator, calibrate_noise_multiplier,
-                          poisson_indices)
+from common.dpgan import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator, poisson_indices
 from common.models import build_generator, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger, noise_generator
 
@@ -55,9 +54,7 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
     num_classes = num_classes_for(cfg)
     noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed)
     sample_rate = min(1.0, cfg.dpgan_batch_size / len(labels))
-    sigma = cfg.dpgan_noise_multiplier
-    if cfg.target_epsilon > 0:
-        sigma = calibrated_sigma(cfg, sample_rate)
+    sigma = cfg.dpgan_noise_multiplier  # already calibrated for --target-epsilon (common/calibration.py)
     trainer = DpDiscriminatorTrainer(
         build_dpgan_discriminator(cfg.model, num_classes=num_classes), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999),
         noise_multiplier=sigma, max_grad_norm=cfg.dpgan_clip,
@@ -70,21 +67,6 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
                      g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),
                      schedule=schedule, n_d=cfg.dpgan_n_d, ledger=PrivacyLedger(),
                      rng=torch.Generator().manual_seed(cfg.seed * 31 + 7))
-
-
-def calibrated_sigma(cfg: ExperimentConfig, sample_rate: float) -> float:
-    """σ for ``target_epsilon`` over the planned steps x n_D, as *our* ledger will report it.
-
-    Opacus' search uses its own order grid; the ledger's grid differs slightly, so σ is nudged up
-    until the ledger's ε for the planned steps is within the target (never overshoots).
-    """
-    steps = cfg.steps * cfg.dpgan_n_d
-    sigma = calibrate_noise_multiplier(target_epsilon=cfg.target_epsilon, sample_rate=sample_rate,
-                                       steps=steps, delta=cfg.delta)
-    planned = lambda s: PrivacyLedger([PrivacyEvent(noise_multiplier=s, sample_rate=sample_rate, count=steps)])
-    while planned(sigma).epsilon(delta=cfg.delta) > cfg.target_epsilon:
-        sigma *= 1.002
-    return sigma
 
 
 def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,8 +102,9 @@ class ExperimentConfig:
     dpgan_loss: str = _f("ns", f"dpgan: discriminator loss, one of {', '.join(DPGAN_LOSSES)}")
     dpgan_lr: float = _f(2e-4, "dpgan: Adam learning rate of D and G")
     target_epsilon: float = _f(
-        0.0, "dpgan: calibrate sigma (Opacus get_noise_multiplier, RDP) so that the planned steps x n_D "
-        "discriminator steps reach this epsilon at delta (0: use --dpgan-noise-multiplier)"
+        0.0, "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
+        "planned steps (gswgan: per-client, also sets the client budget; dpgan: example-level; "
+        "fedavg-gan: trusted-server user-level); 0: use the configured noise"
     )
     # --- Fed-Avg GAN (Augenstein et al. 2020) --------------------------------------------------
     fedavg_clients_per_round: int = _f(10, "fedavg-gan: clients m sampled per round")

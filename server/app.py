@@ -58,7 +58,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run .``: every ExperimentConfig field is a run_config key."""
+    from common.calibration import calibrate
+    from common.data import check_partition_sizes
+
     cfg = ExperimentConfig.from_run_config(context.run_config)
+    cfg = calibrate(cfg, pooled_size=sum(check_partition_sizes(cfg)))
     run = RunDirectory.create(cfg)
     summary = run_experiment(cfg, run, FlowerTransport(grid), transport_name="flower-run")
     print_summary(summary)

@@ -101,16 +101,24 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
     return ExperimentConfig.from_mapping(given, source="command line")
 
 
+def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Checks that need the data (partition sizes) and the --target-epsilon calibration, before any work."""
+    from common.calibration import calibrate
+    from common.data import check_partition_sizes
+
+    sizes = check_partition_sizes(cfg)
+    return calibrate(cfg, pooled_size=sum(sizes))
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from common.data import DataError, check_partition_sizes
+    from common.data import DataError
     from server.reporting import RunDirectory, RunDirectoryError
 
     try:
         if args.resume:
             run, cfg = _resume_target(args)
         else:
-            cfg = resolve_config(args)
-            check_partition_sizes(cfg)
+            cfg = prepare(resolve_config(args))
             run = RunDirectory.create(cfg)
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
@@ -192,15 +200,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_debug_task(args: argparse.Namespace) -> int:
-    from common.data import DataError, check_partition_sizes
+    from common.data import DataError
 
     from .debug_task import debug_task, format_result
 
     try:
         if "invert_prob" not in vars(args):
             args.invert_prob = 0.5  # the task's default: half of the clients have the bug
-        cfg = resolve_config(args)
-        check_partition_sizes(cfg)
+        cfg = prepare(resolve_config(args))
         if not 0 < cfg.invert_prob < 1:
             raise ConfigError(f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "
                               "some without the bug, choose 0 < p < 1")

@@ -28,7 +28,9 @@ def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
 
 
 def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict[str, Any]:
-    scfg = cfg.replace(strategy=name, out=str(out / name))
+    from .cli import prepare
+
+    scfg = prepare(cfg.replace(strategy=name, out=str(out / name)))  # each its own --target-epsilon noise
     run = RunDirectory.create(scfg)
     runner = _run_inprocess if transport == "inprocess" else _run_flower
     _, error = runner(scfg, run, False)

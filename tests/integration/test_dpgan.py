@@ -48,10 +48,12 @@ def test_dpgan_resume_continues_the_curators_ledger(tmp_path):
 
 
 def test_target_epsilon_calibrates_sigma_for_the_planned_steps(tmp_path):
-    cfg = dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0)
+    from simulations.cli import prepare
+
+    cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0))
     summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
     assert error is None, error
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["discriminator_steps"] == 6 and written["target_epsilon"] == 5.0
-    assert written["noise_multiplier"] != cfg.dpgan_noise_multiplier      # calibrated, recorded as used
+    assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier != 1.0  # calibrated, recorded as used
     assert 4.5 < written["clients"][0]["epsilon"] <= 5.0                  # reaches, never overshoots
