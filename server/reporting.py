@@ -203,7 +203,8 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     rows = [
         ("strategy", summary["strategy"]),
         ("status", summary["status"]),
-        ("generator steps", f"{summary['steps_completed']} / {summary['steps_planned']}"),
+        ("rounds" if summary["strategy"] == "fedavg-gan" else "generator steps",
+         f"{summary['steps_completed']} / {summary['steps_planned']}"),
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε per client (δ={summary['delta']:g})", eps_text),
         ("ε rule", summary["accounting"]),
