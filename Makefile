@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench protos clean
 
 install: $(STAMP)
 
@@ -25,6 +25,9 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+protos: install
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos protos/fedgan.proto
 
 bench: install
 	$(BIN)/python bench/step_overhead.py
