@@ -21,7 +21,6 @@ from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.metrics import CommCounter
-from common.privacy import PrivacyLedger, privacy_statement
 
 from .reporting import RunDirectory, format_summary_table
 from .strategies import build_strategy
@@ -87,8 +86,7 @@ def handshake(cfg: ExperimentConfig, state_dir: str, transport: Transport,
     if sorted(mapping.values()) != list(range(cfg.num_clients)):
         raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
                            "each node needs a distinct partition-id below num_clients")
-    return (mapping, sum(t for t, _ in exchange.bytes_down.values()),
-            sum(t for t, _ in exchange.bytes_up.values()))
+    return (mapping, *exchange.totals())
 
 
 def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
@@ -246,19 +244,17 @@ def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strate
     if not queries:
         return
     exchange = transport.exchange(queries)
-    strategy.absorb_ledgers(exchange.replies)
-    state.comm.add_control(sum(t for t, _ in exchange.bytes_down.values()),
-                           sum(t for t, _ in exchange.bytes_up.values()))
+    state.notes.extend(strategy.absorb_ledgers(exchange.replies))
+    state.comm.add_control(*exchange.totals())
 
 
 def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str,
             transport_name: str) -> dict[str, Any]:
     report = strategy.privacy_report(final=True)
-    _check_mirror(strategy, report, state)
     for c in report["clients"]:
         c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
         c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
-    statement = report.get("statement") or _ledger_statement(cfg, report, state)
+    statement = report["statement"]
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
         "epsilon_amplified": report["epsilon_amplified"],
@@ -298,23 +294,6 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     summary.update(report.get("summary_extra", {}))  # strategy-specific figures (e.g. DPGAN's q, steps)
     run.write_json("summary.json", summary)
     return summary
-
-
-def _ledger_statement(cfg: ExperimentConfig, report: dict[str, Any], state: LoopState) -> str:
-    ledgers = {c["client_id"]: PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"]}
-    return privacy_statement(ledgers, delta=cfg.delta, clients_per_step=cfg.clients_per_step,
-                             num_clients=len(cfg.participants()), steps=state.step,
-                             noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-
-
-def _check_mirror(strategy: Strategy, report: dict[str, Any], state: LoopState) -> None:
-    """The server's mirror and the clients' own ledgers must agree on query counts; say so if not."""
-    mirror = getattr(strategy, "ledgers", {})
-    for c in report["clients"]:
-        seen = mirror[c["client_id"]].queries if c["client_id"] in mirror else 0
-        if seen != c["queries"]:
-            state.notes.append(f"client {c['client_id']}: its ledger holds {c['queries']} queries, "
-                               f"the server saw {seen} answers (ε is reported from the client's ledger)")
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -27,6 +27,10 @@ class Exchange:
     bytes_down: dict[int, tuple[int, int]]  # node -> (total, envelope)
     bytes_up: dict[int, tuple[int, int]]
 
+    def totals(self) -> tuple[int, int]:
+        """(bytes down, bytes up) of the whole exchange."""
+        return (sum(t for t, _ in self.bytes_down.values()), sum(t for t, _ in self.bytes_up.values()))
+
 
 class FlowerTransport:
     """Messages through a Flower Grid (simulation runtime or a real SuperLink)."""

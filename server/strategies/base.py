@@ -67,8 +67,13 @@ class Strategy(ABC):
         """The model that is released (and evaluated): the generator's EMA copy."""
 
     @abstractmethod
-    def privacy_report(self) -> dict[str, Any]:
-        """Per-client and global privacy figures for metrics and summary.json."""
+    def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
+        """Per-client and global privacy figures for metrics and summary.json.
+
+        Keys: ``clients``, ``epsilon_max``, ``accounting``, ``epsilon_amplified``, ``statement``
+        (the plain-language paragraph of privacy.json; needed when ``final``), optionally
+        ``summary_extra`` (strategy-specific summary.json keys).
+        """
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -82,5 +87,6 @@ class Strategy(ABC):
         """Messages asking clients for their own ledgers at the end of a run (default: none)."""
         return []
 
-    def absorb_ledgers(self, replies: list[Incoming]) -> None:
-        """Take the clients' authoritative ledgers (default: nothing to take)."""
+    def absorb_ledgers(self, replies: list[Incoming]) -> list[str]:
+        """Take the clients' authoritative ledgers; returns notes for the run (default: none)."""
+        return []

@@ -41,10 +41,6 @@ class DpganStrategy(Strategy):
         self.last: dict[str, Any] = {}
         self.node_client = {}
 
-    @property
-    def ledgers(self) -> dict[int, PrivacyLedger]:
-        return {CURATOR: self.ledger}
-
     def select_nodes(self, available: list[int]) -> list[int]:
         return [n for n in available if self.node_client.get(n) == CURATOR][:1]
 

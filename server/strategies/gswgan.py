@@ -23,6 +23,7 @@ from common.privacy import (
     PrivacyEvent,
     PrivacyLedger,
     amplified_epsilon,
+    privacy_statement,
     query_noise_multiplier,
 )
 from server.generator import ServerGenerator
@@ -112,14 +113,22 @@ class GsWganStrategy(Strategy):
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
         return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
 
-    def absorb_ledgers(self, replies: list[Incoming]) -> None:
+    def absorb_ledgers(self, replies: list[Incoming]) -> list[str]:
+        """Keep the clients' own ledgers; note where they disagree with the server's mirror."""
+        notes = []
         for reply in replies:
             if reply.content is None:
                 continue
             _, scalars = decode_records(reply.content)
             cid = int(scalars["client_id"])
             self.node_client[reply.node_id] = cid
-            self.authoritative[cid] = PrivacyLedger.from_state_dict(json.loads(str(scalars["ledger"])))
+            own = PrivacyLedger.from_state_dict(json.loads(str(scalars["ledger"])))
+            self.authoritative[cid] = own
+            seen = self.ledgers[cid].queries if cid in self.ledgers else 0
+            if seen != own.queries:
+                notes.append(f"client {cid}: its ledger holds {own.queries} queries, the server saw {seen} "
+                             "answers (ε is reported from the client's ledger)")
+        return notes
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
@@ -127,7 +136,7 @@ class GsWganStrategy(Strategy):
         cfg = self.cfg
         clients = []
         for cid in range(cfg.num_clients):
-            ledger = self.authoritative.get(cid) or self.ledgers.get(cid) or PrivacyLedger()
+            ledger = self._ledger_of(cid)
             entry = {"client_id": cid, "queries": ledger.queries,
                      "epsilon": ledger.epsilon(delta=cfg.delta)}
             if final:
@@ -135,21 +144,34 @@ class GsWganStrategy(Strategy):
                 entry["epsilon_prv"] = both.get("epsilon_prv")
                 entry["ledger"] = ledger.state_dict()
             clients.append(entry)
-        nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-        q = cfg.clients_per_step / len(cfg.participants())
-        amplified = amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=self.steps_done,
-                                      delta=cfg.delta)
-        return {
+        report = {
             "clients": clients,
             "epsilon_max": max(c["epsilon"] for c in clients),
             "accounting": ACCOUNTING_RULE_PER_CLIENT,
-            "epsilon_amplified": {
-                "epsilon": amplified,
-                "sample_rate": q,
-                "steps": self.steps_done,
-                "query_noise_multiplier": nm,
-                "assumption": ACCOUNTING_RULE_AMPLIFIED,
-            },
+            "epsilon_amplified": self._amplified(),
+        }
+        if final:
+            report["statement"] = privacy_statement(
+                {c: self._ledger_of(c) for c in range(cfg.num_clients)}, delta=cfg.delta,
+                clients_per_step=cfg.clients_per_step, num_clients=len(cfg.participants()),
+                steps=self.steps_done, noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+        return report
+
+    def _ledger_of(self, cid: int) -> PrivacyLedger:
+        """The client's own ledger when fetched, else the server's mirror of it."""
+        return self.authoritative.get(cid) or self.ledgers.get(cid) or PrivacyLedger()
+
+    def _amplified(self) -> dict[str, Any]:
+        cfg = self.cfg
+        nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+        q = cfg.clients_per_step / len(cfg.participants())
+        return {
+            "epsilon": amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=self.steps_done,
+                                         delta=cfg.delta),
+            "sample_rate": q,
+            "steps": self.steps_done,
+            "query_noise_multiplier": nm,
+            "assumption": ACCOUNTING_RULE_AMPLIFIED,
         }
 
     # --- checkpoint ----------------------------------------------------------------------------
