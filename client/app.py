@@ -8,6 +8,7 @@ keeps in ``context.state`` so that the per-step messages stay small, and returns
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -16,10 +17,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from common.config import ExperimentConfig
+from common.data import ClientData, load_client_partition
 
 from .discriminator import answer_query
 from .flower_wire import decode_query, decode_records, encode_answer, encode_records
-from .state import load_ledger, load_state, save_state
+from .state import CACHE_SIZE, ClientState, load_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
 app = ClientApp()
@@ -41,6 +43,27 @@ def _config(record: ConfigRecord) -> ExperimentConfig:
     return ExperimentConfig.from_mapping(json.loads(str(record["config"])))
 
 
+def _use_client_threads() -> None:
+    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+
+
+def _load(record: ConfigRecord, cfg: ExperimentConfig, context: Context) -> ClientState:
+    """This node's client state at the version ``context.state`` says it is at."""
+    return load_state(cfg, client_id_of(context), str(record["state_dir"]), int(record["version"]))
+
+
+def _persist(record: ConfigRecord, state: ClientState) -> None:
+    """Write the state to the node's disk and remember its version in ``context.state``."""
+    save_state(state, str(record["state_dir"]))
+    record["version"] = state.version
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _partition(cfg: ExperimentConfig, client_id: int) -> ClientData:
+    """Stateless strategies (fedavg-gan) need the data every round: read or render it once."""
+    return load_client_partition(cfg, client_id)
+
+
 @app.query("hello")
 def handle_hello(message: Message, context: Context) -> Message:
     """Keep the run's configuration and state directory; answer with this node's client id."""
@@ -56,12 +79,11 @@ def handle_gswgan(message: Message, context: Context) -> Message:
     query, _ = decode_query(message.content)
     record = _run_record(context)
     cfg = _config(record)
-    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
-    state = load_state(cfg, client_id_of(context), str(record["state_dir"]), int(record["version"]))
+    _use_client_threads()
+    state = _load(record, cfg, context)
     answer = answer_query(state, cfg, query)
     if not answer.refused:
-        save_state(state, str(record["state_dir"]))
-        record["version"] = state.version
+        _persist(record, state)
     return Message(encode_answer(answer), reply_to=message)
 
 
@@ -75,7 +97,6 @@ def handle_ledger(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
-
 @app.query("accuracy")
 def handle_accuracy(message: Message, context: Context) -> Message:
     """Debugging task: the shipped classifier's accuracy on local data, released with noise."""
@@ -87,14 +108,12 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     cfg = _config(record)
     _, scalars = decode_records(message.content)
     weights = message.content.array_records["classifier"].to_torch_state_dict()
-    cid = client_id_of(context)
-    state = load_state(cfg, cid, str(record["state_dir"]), int(record["version"]))
+    state = _load(record, cfg, context)
     value, reason = noisy_accuracy(state, cfg, weights, num_classes=num_classes_for(cfg),
                                    noise_multiplier=float(scalars["noise_multiplier"]))
     if value is not None:
-        save_state(state, str(record["state_dir"]))
-        record["version"] = state.version
-    content = encode_records({}, {"client_id": cid, "accuracy": -1.0 if value is None else value,
+        _persist(record, state)
+    content = encode_records({}, {"client_id": state.client_id, "accuracy": -1.0 if value is None else value,
                                   "refused": value is None, "reason": reason})
     return Message(content, reply_to=message)
 
@@ -104,14 +123,14 @@ def handle_fedavg(message: Message, context: Context) -> Message:
     """Fed-Avg GAN: a few local WGAN-GP steps on the received D; reply with the raw D delta."""
     from flwr.app import ArrayRecord
 
-    from common.data import load_client_partition, num_classes_for
+    from common.data import num_classes_for
     from common.fedavg_gan import client_update
 
     record = _run_record(context)
     cfg = _config(record)
     _, scalars = decode_records(message.content)
     cid = client_id_of(context)
-    data = load_client_partition(cfg, cid)
+    data = _partition(cfg, cid)
     delta = client_update(
         message.content.array_records["generator"].to_torch_state_dict(),
         message.content.array_records["discriminator"].to_torch_state_dict(),
@@ -136,7 +155,7 @@ def handle_dpgan(message: Message, context: Context) -> Message:
     record = _run_record(context)
     cfg = _config(record)
     step = int(decode_records(message.content)[1]["step"])
-    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+    _use_client_threads()
     node = load_node(cfg, str(record["state_dir"]), rounds=step)
     planned = PrivacyEvent(noise_multiplier=node.trainer.noise_multiplier, sample_rate=node.sample_rate,
                            count=node.n_d)
