@@ -67,3 +67,11 @@ def subsampled_noise(target: float, sample_rate: float, steps: int, delta: float
     while _ledger_epsilon(sigma, sample_rate, steps, delta) > target:
         sigma *= 1.002
     return sigma
+
+
+def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
+    """What every entry point does before any work: check partition sizes against the batch size
+    (reading the data where needed) and apply the --target-epsilon calibration."""
+    from common.data import check_partition_sizes
+
+    return calibrate(cfg, pooled_size=sum(check_partition_sizes(cfg)))

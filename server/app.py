@@ -7,7 +7,7 @@ A run that does not complete raises, so Flower marks the run as failed rather th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from flwr.app import Context
@@ -26,7 +26,6 @@ class RunResult:
 
     summary: dict[str, Any] | None = None
     error: BaseException | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class RunIncomplete(RuntimeError):
@@ -58,11 +57,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run .``: every ExperimentConfig field is a run_config key."""
-    from common.calibration import calibrate
-    from common.data import check_partition_sizes
+    from common.calibration import prepare
 
-    cfg = ExperimentConfig.from_run_config(context.run_config)
-    cfg = calibrate(cfg, pooled_size=sum(check_partition_sizes(cfg)))
+    cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
     run = RunDirectory.create(cfg)
     summary = run_experiment(cfg, run, FlowerTransport(grid), transport_name="flower-run")
     print_summary(summary)

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from common.config import ExperimentConfig
+from common.evaluation.plots import tile_images
 from common.models import sample_latent
 
 CHECKPOINT = "checkpoint.pt"
@@ -180,13 +181,8 @@ def sample_grid(generator: torch.nn.Module, *, num_classes: int, z_dim: int, per
     generator.eval()
     images = generator(sample_latent(len(labels), z_dim, generator=rng), labels)
     generator.train(was_training)
-    imgs = (images.clamp(0, 1) * 255).round().to(torch.uint8).numpy()[:, 0]
-    h, w = imgs.shape[1:]
-    canvas = np.zeros((num_classes * (h + pad) + pad, per_class * (w + pad) + pad), dtype=np.uint8)
-    for i, img in enumerate(imgs):
-        r, c = divmod(i, per_class)
-        canvas[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = img
-    return canvas
+    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    return tile_images(pixels, rows=num_classes, pad=pad)
 
 
 def format_summary_table(summary: dict[str, Any]) -> str:

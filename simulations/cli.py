@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 from common.config import ConfigError, ExperimentConfig
 
+from common.calibration import prepare
+
 EXIT_BAD_INPUT = 2
 RESUMABLE_OVERRIDES = {"steps", "progress", "eval", "log_every", "sample_every", "checkpoint_every",
                        "eval_every", "eval_samples", "eval_fid_samples", "eval_inception",
@@ -99,15 +101,6 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
     if getattr(args, "config", None):
         return ExperimentConfig.from_toml(args.config, **given)
     return ExperimentConfig.from_mapping(given, source="command line")
-
-
-def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Checks that need the data (partition sizes) and the --target-epsilon calibration, before any work."""
-    from common.calibration import calibrate
-    from common.data import check_partition_sizes
-
-    sizes = check_partition_sizes(cfg)
-    return calibrate(cfg, pooled_size=sum(sizes))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

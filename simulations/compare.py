@@ -16,6 +16,8 @@ from common.config import ExperimentConfig
 from common.evaluation.plots import plot_bytes_per_step
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
 
+from common.calibration import prepare
+
 from .simulate import _run_flower, _run_inprocess
 
 STRATEGY_ORDER = ("gswgan", "dpgan", "fedavg-gan")
@@ -28,8 +30,6 @@ def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
 
 
 def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict[str, Any]:
-    from .cli import prepare
-
     scfg = prepare(cfg.replace(strategy=name, out=str(out / name)))  # each its own --target-epsilon noise
     run = RunDirectory.create(scfg)
     runner = _run_inprocess if transport == "inprocess" else _run_flower

@@ -48,7 +48,7 @@ def test_dpgan_resume_continues_the_curators_ledger(tmp_path):
 
 
 def test_target_epsilon_calibrates_sigma_for_the_planned_steps(tmp_path):
-    from simulations.cli import prepare
+    from common.calibration import prepare
 
     cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0))
     summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
