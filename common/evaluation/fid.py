@@ -84,7 +84,19 @@ def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
     """FID between two Gaussians: ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2))``."""
     if a.mu.shape != b.mu.shape:
         raise ValueError(f"feature dimensions differ: {a.mu.shape} vs {b.mu.shape}")
-    return float(_calculate_frechet_distance()(a.mu, a.sigma, b.mu, b.sigma))
+    with warnings.catch_warnings():
+        # pytorch-fid 0.3 passes sqrtm(disp=False), deprecated by SciPy 1.17 (scipy is pinned < 1.18);
+        # with fewer samples than feature dimensions both covariances are singular by construction,
+        # which pytorch-fid's formula handles: neither warning tells the user anything.
+        warnings.filterwarnings("ignore", message="The `disp` argument is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Matrix is singular", category=linalg_warning())
+        return float(_calculate_frechet_distance()(a.mu, a.sigma, b.mu, b.sigma))
+
+
+def linalg_warning() -> type[Warning]:
+    from scipy.linalg import LinAlgWarning
+
+    return LinAlgWarning
 
 
 @functools.cache
