@@ -66,11 +66,19 @@ def _partition(cfg: ExperimentConfig, client_id: int) -> ClientData:
 
 @app.query("hello")
 def handle_hello(message: Message, context: Context) -> Message:
-    """Keep the run's configuration and state directory; answer with this node's client id."""
+    """Keep the run's configuration and state directory; answer with this node's client id.
+
+    A SuperNode may override where its private state and its data live (node config ``state-dir``,
+    ``data-dir``): in a real deployment the node's disk is not the server's.
+    """
     _, setup = decode_records(message.content)
+    config = json.loads(str(setup["config"]))
+    if "data-dir" in context.node_config:
+        config["data_dir"] = str(context.node_config["data-dir"])
+    state_dir = str(context.node_config.get("state-dir") or setup["state_dir"])
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
-    context.state[STATE_KEY] = ConfigRecord({"config": str(setup["config"]),
-                                             "state_dir": str(setup["state_dir"]), "version": version})
+    context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir,
+                                             "version": version})
     return Message(encode_records({}, {"client_id": client_id_of(context)}), reply_to=message)
 
 

@@ -25,6 +25,8 @@ from common.codec import GsAnswer, GsQuery, PayloadError
 ARRAYS_KEY = "arrays"
 SCALARS_KEY = "scalars"
 SETUP_KEY = "setup"
+SUPERLINK_NODE_ID = 1  # Flower's fixed node id of the server side
+WIDEST_ID = 2**64 - 1
 STATS_KEY = "stats"
 
 
@@ -45,7 +47,8 @@ def message_wire_bytes(message: Message) -> WireBytes:
 
     The envelope is normalised to what the sender transmits in a deployment, whichever runtime
     carried the message here: message ids are 64-hex-digit object ids (the simulation uses shorter
-    UUIDs), and ``delivered_at``, stamped by the receiving side, is not counted.
+    UUIDs), run and node ids are counted at their widest, and ``delivered_at``, stamped by the
+    receiving side, is not counted.
     """
     metadata = copy.copy(message.metadata)
     fields = metadata.__dict__
@@ -53,6 +56,13 @@ def message_wire_bytes(message: Message) -> WireBytes:
     if fields.get("_reply_to_message_id"):
         fields["_reply_to_message_id"] = "0" * 64
     fields["_delivered_at"] = ""
+    # Run, node and task ids are random 64-bit integers in a deployment, so their varints vary by
+    # a byte or two from run to run; count every id at its widest (10 bytes) so that counts are
+    # identical across runtimes and never below what was sent. The SuperLink's node id (1) is fixed.
+    for key in ("_run_id", "_src_node_id", "_dst_node_id", "_src_task_id", "_dst_task_id"):
+        fixed = (None, 0, SUPERLINK_NODE_ID) if key.endswith("node_id") else (None, 0)
+        if fields.get(key) not in fixed:
+            fields[key] = WIDEST_ID
     normalized = make_message(metadata=metadata, content=message.content)
     objects = get_all_nested_objects(normalized)
     payload = sum(len(obj.deflate()) for obj in objects.values())

@@ -119,6 +119,10 @@ class ExperimentConfig:
     # --- wire and accounting -----------------------------------------------------------------
     wire_dtype: str = _f("float32", "dtype of tensors on the wire; float16 is cast after the noise")
     accountant: str = _f("rdp", "accountant of the headline epsilon, rdp or prv (both are reported)")
+    reply_timeout_s: float = _f(
+        300.0, "seconds the server waits for a message's replies; a client silent that long is marked "
+        "failed and not asked again (a dead SuperNode), and the run goes on with the others"
+    )
     # --- run directory -------------------------------------------------------------------------
     out: str = _f("", "run directory (empty: runs/NNNNN-<strategy>-<dataset>)")
     log_every: int = _f(10, "write a metrics.jsonl line every N generator steps")
@@ -282,6 +286,7 @@ def _validate(c: ExperimentConfig) -> None:
         c.synthetic_samples_per_writer,
         "must be >= 1",
     )
+    _check(c.reply_timeout_s > 0, "reply_timeout_s", c.reply_timeout_s, "must be > 0")
     _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
     _check(c.target_epsilon >= 0, "target_epsilon", c.target_epsilon, "must be >= 0")
     _check(c.dpgan_loss in DPGAN_LOSSES, "dpgan_loss", c.dpgan_loss, f"choose one of {DPGAN_LOSSES}")

@@ -61,7 +61,8 @@ def main(grid: Grid, context: Context) -> None:
 
     cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
     run = RunDirectory.create(cfg)
-    summary = run_experiment(cfg, run, FlowerTransport(grid), transport_name="flower-run")
+    transport = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
+    summary = run_experiment(cfg, run, transport, transport_name="flower-run")
     print_summary(summary)
     if summary["status"] != "completed":
         raise RunIncomplete(f"run {run.path} did not complete: {summary['status']}")

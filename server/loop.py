@@ -45,6 +45,9 @@ class LoopState:
     failed: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each generator step
+    failures: dict[int, str] = field(default_factory=dict)  # client id -> why it was dropped
+    progress_at: float = 0.0
 
 
 def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
@@ -104,7 +107,8 @@ def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
     strategy.load_state_dict(ck["strategy"])
     run.truncate_metrics(ck["step"])
     return LoopState(step=ck["step"], wall_s=ck["wall_s"], comm=CommCounter.from_state_dict(ck["comm"]),
-                     notes=list(ck.get("notes", [])))
+                     notes=list(ck.get("notes", [])), step_times=list(ck.get("step_times", [])),
+                     failures={int(k): v for k, v in ck.get("failures", {}).items()})
 
 
 def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
@@ -123,18 +127,31 @@ def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strat
             if not available:
                 status = "stopped: no client can answer (budgets exhausted or clients failed)"
                 break
+            round_started = time.monotonic()
             if _round(cfg, transport, strategy, state, available):
                 state.step += 1
+                state.step_times.append(time.monotonic() - round_started)
                 bar.update(1)
                 state.wall_s = base_wall + time.monotonic() - started
                 _periodic(cfg, run, strategy, state, bar)
+            _report_progress(cfg, run, state)
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
         bar.close()
         state.wall_s = base_wall + time.monotonic() - started
         _checkpoint(run, strategy, state)
+        _report_progress(cfg, run, state, final=True)
     return status
+
+
+def _report_progress(cfg: ExperimentConfig, run: RunDirectory, state: LoopState, *, final: bool = False) -> None:
+    """progress.json, at most once a second: how ``fedgan deploy`` follows a run in another process."""
+    now = time.monotonic()
+    if final or now - state.progress_at >= 1.0:
+        state.progress_at = now
+        run.write_json("progress.json", {"step": state.step, "steps": cfg.steps, "wall_s": round(state.wall_s, 3),
+                                         "final": final})
 
 
 def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState,
@@ -150,6 +167,10 @@ def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, stat
         state.last_metrics = outcome.metrics
     state.exhausted.update(outcome.exhausted_nodes)
     state.failed.update(outcome.failed_nodes)
+    errors = {r.node_id: r.error for r in exchange.replies if r.error}
+    for node in outcome.failed_nodes:
+        reason = errors.get(node) or "malformed answer (see notes)"
+        state.failures[_client_key(strategy, node)] = f"step {step}: {reason}"
     for note in outcome.notes:
         tqdm.write(f"[step {step}] {note}")
         state.notes.append(f"step {step}: {note}")
@@ -230,6 +251,8 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
         "released_generator": strategy.released_generator().state_dict(),
         "comm": state.comm.state_dict(),
         "notes": state.notes,
+        "step_times": state.step_times,
+        "failures": state.failures,
     })
 
 
@@ -254,6 +277,8 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     for c in report["clients"]:
         c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
         c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
+        c["status"] = "failed" if c["client_id"] in state.failures else "ok"
+        c["failure"] = state.failures.get(c["client_id"], "")
     statement = report["statement"]
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
@@ -287,6 +312,8 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         "epsilon_amplified": report["epsilon_amplified"],
         "comm": state.comm.summary(),
         "wall_s": round(state.wall_s, 3),
+        "step_latency_s": step_latency(state.step_times),
+        "failed_clients": sorted(state.failures),
         "run_dir": str(run.path),
         "notes": state.notes,
         "privacy_statement": statement,
@@ -294,6 +321,16 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
     summary.update(report.get("summary_extra", {}))  # strategy-specific figures (e.g. DPGAN's q, steps)
     run.write_json("summary.json", summary)
     return summary
+
+
+def step_latency(times: list[float]) -> dict[str, Any]:
+    """Median and 90th percentile wall time of a generator step (the whole round: send, client
+    work, replies, server update), over the steps this run directory has taken."""
+    if not times:
+        return {"median": None, "p90": None, "mean": None, "steps": 0}
+    t = np.asarray(times)
+    return {"median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
+            "steps": int(t.size)}
 
 
 def print_summary(summary: dict[str, Any]) -> None:

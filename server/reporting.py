@@ -69,6 +69,7 @@ def _json_default(obj: Any) -> Any:
 
 
 STATE_DIR_FILE = "state_dir.txt"
+DEPLOY_DIR = "deploy"  # `fedgan deploy` keeps its processes' logs and keys here, made before the run
 
 
 class RunDirectory:
@@ -83,7 +84,7 @@ class RunDirectory:
         if (path / CHECKPOINT).exists():
             raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
                                     "or choose another --out")
-        if path.exists() and any(path.iterdir()):
+        if path.exists() and any(p.name != DEPLOY_DIR for p in path.iterdir()):
             # A run that died before its first checkpoint leaves client state (and spent privacy)
             # behind; a new run must not silently inherit it.
             raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "

@@ -52,6 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
                      "directly, without Flower's runtime (same results, for debugging and benchmarks)")
     add_config_flags(sim)
+    dep = sub.add_parser("deploy", help="run an experiment as a real Flower deployment (SuperLink, one "
+                         "SuperNode per client, `flwr run`) on this machine",
+                         description=__import__("simulations.deploy", fromlist=["x"]).__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    dep.add_argument("--local", action="store_true", required=True,
+                     help="start the SuperLink and SuperNodes as processes on free loopback ports (required: "
+                     "for Docker, see docker-compose.yml and the README)")
+    dep.add_argument("--tls", action="store_true", help="make a private CA and run every connection over TLS")
+    dep.add_argument("--auth", action="store_true", help="register one key per SuperNode and enable SuperNode "
+                     "authentication on the SuperLink (needs --tls)")
+    dep.add_argument("--netns", action="store_true", help="run each SuperNode in its own network namespace, "
+                     "joined by a veth pair (needs root and iproute2)")
+    dep.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    add_config_flags(dep)
     cmp_ = sub.add_parser("compare", help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
                           "comparison.json, a table and a bytes-per-step plot",
                           description=__import__("simulations.compare", fromlist=["x"]).__doc__)
@@ -120,6 +134,38 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import simulate
 
     return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from common.data import DataError
+
+    from server.reporting import RunDirectoryError
+
+    from .deploy import DeployError, check_tools, deploy_local
+
+    try:
+        check_tools()
+        if args.auth and not args.tls:
+            raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+        cfg = prepare(resolve_config(args))
+        _check_fresh_run_dir(cfg)
+    except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns)
+    except DeployError as err:
+        print(f"fedgan: deployment failed: {err}", file=sys.stderr)
+        return 1
+
+
+def _check_fresh_run_dir(cfg: ExperimentConfig) -> None:
+    """``fedgan deploy`` starts a new run (the ServerApp makes the directory); fail before starting
+    any process if ``--out`` already holds something."""
+    from server.reporting import RunDirectoryError
+
+    if cfg.out and Path(cfg.out).exists() and any(Path(cfg.out).iterdir()):
+        raise RunDirectoryError(f"{cfg.out} is not empty; choose another --out")
 
 
 def _resume_target(args: argparse.Namespace):
@@ -215,7 +261,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"simulate": cmd_simulate, "compare": cmd_compare, "evaluate": cmd_evaluate, "debug-task": cmd_debug_task, "data": cmd_data}
+    commands = {"simulate": cmd_simulate, "deploy": cmd_deploy, "compare": cmd_compare, "evaluate": cmd_evaluate, "debug-task": cmd_debug_task, "data": cmd_data}
     return commands[args.command](args)
 
 

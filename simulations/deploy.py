@@ -1,0 +1,398 @@
+"""``fedgan deploy --local``: the experiment as a real Flower deployment on this machine.
+
+A SuperLink and one SuperNode per client run as separate processes on free loopback ports (or,
+with ``--netns``, each SuperNode in its own network namespace), with a private FLWR_HOME; the run is
+submitted with ``flwr run`` and followed with ``flwr list``, and only a ``finished:completed`` status
+counts as success (``flwr run`` exits 0 even when the ServerApp fails). ``--tls`` makes a CA and
+runs every connection over TLS; ``--auth`` registers one key per SuperNode and turns on SuperNode
+authentication. Every process started here is stopped here, whatever happens.
+
+Each SuperNode reaches the SuperLink through a counting relay (``wire_relay``), so the report
+holds three figures for the same traffic: the payload our codec counts (equal to the simulation's),
+Flower's own per-run counters (``flwr list``: protobuf messages), and the bytes on the wire (HTTP
+and TLS included, idle polls too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from common.config import ExperimentConfig
+
+from . import netns, pki
+from .processes import spawn, terminate
+from .wire_relay import WireRelay
+
+ROOT = Path(__file__).resolve().parents[1]
+CONNECTION = "fedgan-local"
+FINISHED = "finished:"
+
+
+class DeployError(RuntimeError):
+    """The deployment could not start, or Flower's CLI answered something unexpected."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
+    """Until ``host:port`` accepts connections; fails early, with the log's tail, if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DeployError(f"{Path(proc.args[0]).name} exited with {proc.returncode}:\n{tail(log)}")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise DeployError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s:\n{tail(log)}")
+
+
+def tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {log})"
+
+
+@dataclass
+class Node:
+    index: int
+    proc: subprocess.Popen
+    log: Path
+    relay: WireRelay
+    host: netns.Host | None = None
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and ``num_nodes`` SuperNodes as local processes; a context manager.
+
+    ``workdir`` receives FLWR_HOME, logs, certificates and keys, and each node's own disk
+    (``nodes/<i>/``: its private discriminator state, as ``state-dir`` in its node config).
+    """
+
+    workdir: Path
+    num_nodes: int
+    tls: bool = False
+    auth: bool = False
+    use_netns: bool = False
+    nodes: list[Node] = field(default_factory=list)
+    started: list[subprocess.Popen] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir = self.workdir.resolve()
+        self.home = self.workdir / "flwr-home"
+        self.logs = self.workdir / "logs"
+        self.port = free_port()
+        self.namespaces = netns.Namespaces() if self.use_netns else None
+        self.tls_files: pki.TlsFiles | None = None
+        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                        PYTHONUNBUFFERED="1")
+
+    def __enter__(self) -> "LocalDeployment":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- start ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.use_netns and not netns.available():
+            raise DeployError("--netns needs root and iproute2's `ip` command")
+        if self.auth and not self.tls:
+            raise DeployError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+        for folder in (self.home, self.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        hosts = [netns_host for netns_host in self._make_hosts()]
+        if self.tls:
+            self.tls_files = pki.make_tls(self.workdir / "certs", hosts=["localhost", "127.0.0.1"]
+                                          + [h.host_ip for h in hosts])
+        self._start_superlink()
+        self._write_flwr_config()
+        keys = self._register_keys() if self.auth else [None] * self.num_nodes
+        for i in range(self.num_nodes):
+            self.nodes.append(self.start_supernode(i, key=keys[i], host=hosts[i] if hosts else None))
+
+    def _make_hosts(self) -> list[netns.Host]:
+        return [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
+
+    def _start_superlink(self) -> None:
+        args = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        args += self._server_tls_args()
+        if self.auth:
+            args.append("--enable-supernode-auth")
+        log = self.logs / "superlink.log"
+        proc = spawn(args, log=log, env=self.env)
+        self.started.append(proc)
+        wait_for_port("127.0.0.1", self.port, 60, proc, log)
+
+    def _server_tls_args(self) -> list[str]:
+        if self.tls_files is None:
+            return ["--insecure"]
+        return ["--ssl-ca-certfile", str(self.tls_files.ca_cert), "--ssl-certfile", str(self.tls_files.server_cert),
+                "--ssl-keyfile", str(self.tls_files.server_key)]
+
+    def _client_tls_args(self) -> list[str]:
+        return ["--insecure"] if self.tls_files is None else ["--root-certificates", str(self.tls_files.ca_cert)]
+
+    def _write_flwr_config(self) -> None:
+        lines = [f'[superlink]\ndefault = "{CONNECTION}"\n', f"[superlink.{CONNECTION}]",
+                 f'address = "127.0.0.1:{self.port}"']
+        lines.append("insecure = true" if self.tls_files is None
+                     else f'root-certificates = "{self.tls_files.ca_cert}"')
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def _register_keys(self) -> list[pki.NodeKey]:
+        keys = []
+        for i in range(self.num_nodes):
+            key = pki.make_node_key(self.workdir / "keys", f"supernode-{i}")
+            self.flwr("supernode", "register", str(key.public_key), CONNECTION, "--format", "json")
+            keys.append(key)
+        return keys
+
+    def start_supernode(self, index: int, *, key: pki.NodeKey | None = None, host: netns.Host | None = None,
+                        partition: int | None = None, name: str | None = None) -> Node:
+        """One SuperNode holding partition ``index`` (or ``partition``), behind its own relay."""
+        partition = index if partition is None else partition
+        target = ("127.0.0.1", self.port)
+        relay = WireRelay(host.host_ip if host else "127.0.0.1", target)
+        state_dir = self.workdir / "nodes" / str(index) / "state"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        node_config = (f"partition-id={partition} num-partitions={self.num_nodes} "
+                       f"state-dir='{state_dir}'")
+        args = ["flower-supernode", "--superlink", f"{relay.address[0]}:{relay.address[1]}",
+                "--port", str(free_port()), "--node-config", node_config, "--max-retries", "20",
+                *self._client_tls_args()]
+        if key is not None:
+            args += ["--auth-supernode-private-key", str(key.private_key)]
+        if host is not None:
+            args = self.namespaces.exec_prefix(host) + args
+        log = self.logs / f"{name or f'supernode-{index}'}.log"
+        proc = spawn(args, log=log, env=self.env)
+        self.started.append(proc)
+        return Node(index, proc, log, relay, host)
+
+    # ---- Flower CLI -----------------------------------------------------------------------------
+    def flwr(self, *args: str, timeout: float = 120) -> Any:
+        """Run Flower's CLI against this deployment; returns its JSON answer."""
+        result = subprocess.run(["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
+                                timeout=timeout)
+        out = result.stdout
+        try:
+            answer = json.loads(out[out.index("{"):])
+        except ValueError as err:
+            raise DeployError(f"`flwr {' '.join(args)}` gave no JSON (exit {result.returncode}):\n"
+                              f"{out[-2000:]}{result.stderr[-2000:]}") from err
+        if not answer.get("success", False):
+            raise DeployError(f"`flwr {' '.join(args)}` failed: {answer.get('error-message', answer)}")
+        return answer
+
+    def submit(self, run_config: Path) -> str:
+        """``flwr run`` this project with ``run_config``; returns Flower's run id."""
+        answer = self.flwr("run", str(ROOT), CONNECTION, "--run-config", str(run_config), "--format", "json")
+        return str(answer["run-id"])
+
+    def run_info(self, run_id: str) -> dict[str, Any]:
+        return self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json", timeout=60)["runs"][0]
+
+    def wait(self, run_id: str, *, poll: Callable[[], bool] | None = None, every_s: float = 15.0,
+             timeout_s: float | None = None) -> dict[str, Any]:
+        """Until the run is finished; ``poll()`` is called every second and returning True asks
+        Flower for the status at once (the run said it is done), otherwise every ``every_s``."""
+        started = last = time.monotonic()
+        while True:
+            time.sleep(1.0)
+            soon = poll() if poll else False
+            if soon or time.monotonic() - last >= every_s:
+                info = self.run_info(run_id)
+                last = time.monotonic()
+                if info["status"].startswith(FINISHED):
+                    return info
+                every_s = 2.0 if soon else every_s
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                raise DeployError(f"run {run_id} did not finish within {timeout_s:.0f} s")
+
+    def wire_bytes(self) -> tuple[int, int]:
+        """(down, up) bytes that crossed the relays so far, all nodes together."""
+        counts = [n.relay.counters() for n in self.nodes]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+    # ---- stop -----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        terminate(self.started)
+        for node in self.nodes:
+            node.relay.close()
+        if self.namespaces is not None:
+            self.namespaces.close()
+
+    def process_table(self) -> dict[str, Any]:
+        """What was started where: for the user, and for tests that kill a node on purpose."""
+        return {"superlink": {"pid": self.started[0].pid if self.started else None, "port": self.port},
+                "supernodes": [{"index": n.index, "pid": n.proc.pid, "log": str(n.log),
+                                "relay": list(n.relay.address), "netns": n.host.name if n.host else None}
+                               for n in self.nodes]}
+
+
+# ---- the `fedgan deploy --local` command ----------------------------------------------------------
+def run_config_file(cfg: ExperimentConfig, path: Path) -> Path:
+    """The whole configuration as a ``flwr run --run-config`` TOML file (every field a key)."""
+    from .flwr_config import toml_value
+
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()))
+    return path
+
+
+def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple[int, int],
+                      dep: LocalDeployment, elapsed_s: float) -> dict[str, Any]:
+    """Our byte counts next to Flower's counters and the bytes on the wire, for the same run."""
+    comm = summary["comm"]
+    counted = (comm["bytes_down_total"] + comm["control_bytes_down_total"],
+               comm["bytes_up_total"] + comm["control_bytes_up_total"])
+    traffic = info.get("network-traffic", {})
+    flower = (int(traffic.get("outbound-bytes", 0)), int(traffic.get("inbound-bytes", 0)))
+    return {
+        "mode": "local",
+        "flwr_run_id": info["run-id"],
+        "flwr_status": info["status"],
+        "supernodes": dep.num_nodes,
+        "tls": dep.tls,
+        "auth": dep.auth,
+        "netns": dep.use_netns,
+        "elapsed_s": round(elapsed_s, 3),
+        "counted_bytes": {"down": counted[0], "up": counted[1]},
+        "superlink_traffic_bytes": {"down": flower[0], "up": flower[1]},
+        "fleet_overhead_bytes": {"down": flower[0] - counted[0], "up": flower[1] - counted[1]},
+        "wire_bytes": {"down": wire[0], "up": wire[1]},
+        "http_overhead_bytes": {"down": wire[0] - flower[0], "up": wire[1] - flower[1]},
+        "definition": (
+            "counted: our codec's serialized Flower messages (as in simulation, incl. control messages); "
+            "superlink_traffic: Flower's per-run counters (`flwr list`), protobuf requests and responses "
+            "of the Fleet API; wire: TCP payload between the SuperNodes and the SuperLink while the run "
+            "was active (HTTP headers, TLS records, idle polls and heartbeats included). "
+            "fleet_overhead = superlink_traffic - counted; http_overhead = wire - superlink_traffic."),
+    }
+
+
+def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool) -> int:
+    """Run ``cfg`` on a local deployment; same exit codes and run directory as ``fedgan simulate``."""
+    from server.reporting import DEPLOY_DIR, RunDirectory, atomic_write_json, next_run_dir
+
+    from .simulate import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+
+    run_path = (Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)).resolve()
+    workdir = run_path / DEPLOY_DIR
+    cfg = cfg.replace(out=str(run_path), data_dir=str(_data_root(cfg)))
+    print(f"run directory: {run_path}", flush=True)
+    started = time.monotonic()
+    with LocalDeployment(workdir, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns) as dep:
+        atomic_write_json(workdir / "processes.json", dep.process_table())
+        print(f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
+              f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
+              f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}", flush=True)
+        run_id = dep.submit(run_config_file(cfg, workdir / "run_config.toml"))
+        wire_at_start = dep.wire_bytes()
+        print(f"flwr run id: {run_id}", flush=True)
+        try:
+            info = _follow(dep, run_id, run_path, cfg)
+        except KeyboardInterrupt:
+            print("\nfedgan: stopping the run (flwr stop) and the deployment", file=sys.stderr)
+            _quiet(lambda: dep.flwr("stop", run_id, CONNECTION, "--format", "json"))
+            return EXIT_INTERRUPTED
+        wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start))
+    summary_path = run_path / "summary.json"
+    if not summary_path.is_file():
+        print(f"fedgan: the run ended as {info['status']} without a summary; ServerApp log: "
+              f"`flwr log {run_id}`; deployment logs in {workdir / 'logs'}", file=sys.stderr)
+        return EXIT_FAILED
+    summary = json.loads(summary_path.read_text())
+    summary["deployment"] = deployment_report(summary, info, wire, dep, time.monotonic() - started)
+    atomic_write_json(summary_path, summary)
+    atomic_write_json(workdir / "deployment.json", summary["deployment"])
+    from server.loop import print_summary
+
+    print_summary(summary)
+    print(format_deployment(summary["deployment"]), flush=True)
+    if info["status"] != "finished:completed" or summary["status"] != "completed":
+        print(f"fedgan: run not completed: {summary['status']} (Flower: {info['status']})", file=sys.stderr)
+        return EXIT_STOPPED
+    if cfg.eval:
+        from .simulate import _evaluate_at_end
+
+        return _evaluate_at_end(cfg, RunDirectory(run_path))
+    return EXIT_COMPLETED
+
+
+def _data_root(cfg: ExperimentConfig) -> Path:
+    from common.data import data_root
+
+    return data_root(cfg.data_dir)
+
+
+def _follow(dep: LocalDeployment, run_id: str, run_path: Path, cfg: ExperimentConfig) -> dict[str, Any]:
+    """Wait for the run, with a progress bar fed by the ServerApp's progress.json."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, disable=not cfg.progress, unit="step", desc=f"{cfg.strategy} steps (deployed)",
+               dynamic_ncols=True)
+
+    def poll() -> bool:
+        try:
+            progress = json.loads((run_path / "progress.json").read_text())
+        except (OSError, ValueError):
+            return False
+        bar.update(progress["step"] - bar.n)
+        return bool(progress["final"])
+
+    try:
+        return dep.wait(run_id, poll=poll)
+    finally:
+        bar.close()
+
+
+def _quiet(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - best effort while shutting down; say what failed
+        print(f"fedgan: {err}", file=sys.stderr)
+
+
+def format_deployment(d: dict[str, Any]) -> str:
+    def row(name: str, key: str) -> str:
+        return f"  {name:<28}{d[key]['down']:>14,}{d[key]['up']:>14,}"
+
+    return "\n".join([f"deployment: Flower run {d['flwr_run_id']} {d['flwr_status']}, {d['supernodes']} SuperNodes, "
+                      f"TLS {'on' if d['tls'] else 'off'}, auth {'on' if d['auth'] else 'off'}",
+                      f"  {'bytes':<28}{'down':>14}{'up':>14}",
+                      row("counted (codec, = simulation)", "counted_bytes"),
+                      row("SuperLink counters", "superlink_traffic_bytes"),
+                      row("on the wire (HTTP/TLS)", "wire_bytes")])
+
+
+def check_tools() -> None:
+    """Flower's executables must be next to this Python (they come with the flwr package)."""
+    bindir = Path(sys.executable).parent
+    missing = [t for t in ("flwr", "flower-superlink", "flower-supernode")
+               if not (bindir / t).exists() and shutil.which(t) is None]
+    if missing:
+        raise DeployError(f"{', '.join(missing)} not found next to {sys.executable}; install the project "
+                          "(`make install`) in this environment")

@@ -1,0 +1,88 @@
+"""Keys and certificates for ``fedgan deploy --tls --auth``: a private CA, the SuperLink's server
+certificate, and one EC key pair per SuperNode (OpenSSH format, as ``flwr supernode register`` and
+``flower-supernode --auth-supernode-private-key`` expect).
+
+Made with ``cryptography`` (a Flower dependency) so no openssl binary is needed; the compose
+deployment's ``deploy/certs/generate.sh`` makes the same kind of files with openssl.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALID_DAYS = 30
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    private_key: Path
+    public_key: Path
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def make_tls(folder: Path, *, hosts: list[str]) -> TlsFiles:
+    """A fresh CA and a SuperLink certificate valid for ``hosts`` (names or IP addresses)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_cert = (x509.CertificateBuilder().subject_name(_name("fedgan deployment CA")).issuer_name(_name("fedgan deployment CA"))
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .sign(ca_key, hashes.SHA384()))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (x509.CertificateBuilder().subject_name(_name("superlink")).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA384()))
+    files = TlsFiles(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(files.server_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return files
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def make_node_key(folder: Path, name: str) -> NodeKey:
+    """An EC (NIST P-384) key pair for SuperNode authentication, in OpenSSH format."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    files = NodeKey(folder / name, folder / f"{name}.pub")
+    _write_private(files.private_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                        serialization.NoEncryption()))
+    files.public_key.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                               serialization.PublicFormat.OpenSSH) + b"\n")
+    return files
