@@ -295,39 +295,47 @@ def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple
 
 def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool) -> int:
     """Run ``cfg`` on a local deployment; same exit codes and run directory as ``fedgan simulate``."""
-    from server.reporting import DEPLOY_DIR, RunDirectory, atomic_write_json, next_run_dir
-
-    from .simulate import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+    from server.reporting import DEPLOY_DIR, next_run_dir
 
     run_path = (Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)).resolve()
-    workdir = run_path / DEPLOY_DIR
     cfg = cfg.replace(out=str(run_path), data_dir=str(_data_root(cfg)))
     print(f"run directory: {run_path}", flush=True)
-    started = time.monotonic()
-    with LocalDeployment(workdir, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns) as dep:
-        atomic_write_json(workdir / "processes.json", dep.process_table())
+    with LocalDeployment(run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns) as dep:
         print(f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
               f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
               f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}", flush=True)
-        run_id = dep.submit(run_config_file(cfg, workdir / "run_config.toml"))
-        wire_at_start = dep.wire_bytes()
-        print(f"flwr run id: {run_id}", flush=True)
-        try:
-            info = _follow(dep, run_id, run_path, cfg)
-        except KeyboardInterrupt:
-            print("\nfedgan: stopping the run (flwr stop) and the deployment", file=sys.stderr)
-            _quiet(lambda: dep.flwr("stop", run_id, CONNECTION, "--format", "json"))
-            return EXIT_INTERRUPTED
-        wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start))
+        return run_on_deployment(dep, cfg)
+
+
+def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
+    """Submit ``cfg`` (absolute ``out`` and ``data_dir``) to a started deployment, follow it, add
+    the deployment's byte figures to summary.json, evaluate; returns ``fedgan simulate``'s exit codes."""
+    from server.reporting import RunDirectory, atomic_write_json
+
+    from .simulate import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+
+    run_path = Path(cfg.out)
+    atomic_write_json(dep.workdir / "processes.json", dep.process_table())
+    started = time.monotonic()
+    run_id = dep.submit(run_config_file(cfg, dep.workdir / "run_config.toml"))
+    wire_at_start = dep.wire_bytes()
+    print(f"flwr run id: {run_id}", flush=True)
+    try:
+        info = _follow(dep, run_id, run_path, cfg)
+    except KeyboardInterrupt:
+        print("\nfedgan: stopping the run (flwr stop) and the deployment", file=sys.stderr)
+        _quiet(lambda: dep.flwr("stop", run_id, CONNECTION, "--format", "json"))
+        return EXIT_INTERRUPTED
+    wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start))
     summary_path = run_path / "summary.json"
     if not summary_path.is_file():
         print(f"fedgan: the run ended as {info['status']} without a summary; ServerApp log: "
-              f"`flwr log {run_id}`; deployment logs in {workdir / 'logs'}", file=sys.stderr)
+              f"`flwr log {run_id}`; deployment logs in {dep.logs}", file=sys.stderr)
         return EXIT_FAILED
     summary = json.loads(summary_path.read_text())
     summary["deployment"] = deployment_report(summary, info, wire, dep, time.monotonic() - started)
     atomic_write_json(summary_path, summary)
-    atomic_write_json(workdir / "deployment.json", summary["deployment"])
+    atomic_write_json(dep.workdir / "deployment.json", summary["deployment"])
     from server.loop import print_summary
 
     print_summary(summary)
