@@ -186,6 +186,12 @@ def sample_grid(generator: torch.nn.Module, *, num_classes: int, z_dim: int, per
     return tile_images(pixels, rows=num_classes, pad=pad)
 
 
+def _latency_text(latency: dict[str, Any]) -> str:
+    if not latency.get("steps"):
+        return "n/a (no step taken)"
+    return f"median {latency['median']:.3g} s · p90 {latency['p90']:.3g} s per step"
+
+
 def format_summary_table(summary: dict[str, Any]) -> str:
     """The table printed at the end of a run."""
     eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0] or [0.0]
@@ -211,7 +217,11 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("step latency", _latency_text(summary.get("step_latency_s") or {})),
         ("run directory", summary["run_dir"]),
     ]
+    failed = [c for c in summary["clients"] if c.get("status") == "failed"]
+    if failed:
+        rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
