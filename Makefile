@@ -34,6 +34,7 @@ test: install
 
 protos: install
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos protos/fedgan.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. protos/dataplane.proto
 
 bench: install
 	$(BIN)/python bench/step_overhead.py

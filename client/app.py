@@ -181,3 +181,28 @@ def handle_dpgan(message: Message, context: Context) -> Message:
     content["stats"] = ConfigRecord({k: float(v) for k, v in stats.items()})
     content["generator"] = ArrayRecord(node.generator.state_dict())
     return Message(content, reply_to=message)
+
+
+@app.query("dataplane")
+def handle_dataplane(message: Message, context: Context) -> Message:
+    """Start this node's persistent data-plane worker for the run (once: a lock file says whether
+    one is running). The token goes to the worker on stdin; only ``started`` comes back."""
+    import subprocess
+    import sys
+
+    from .worker import LOCK_DIR, is_running
+
+    _, setup = decode_records(message.content)
+    run_id, node_id = int(setup["run_id"]), context.node_id
+    if is_running(run_id, node_id):
+        return Message(encode_records({}, {"status": "already running"}), reply_to=message)
+    address = str(context.node_config.get("dataplane-address") or setup["address"])
+    spec = {"address": address, "token": str(setup["token"]), "run_id": run_id, "node_id": node_id,
+            "ca": str(setup["ca"]), "idle_s": float(setup["idle_s"]), "node_config": dict(context.node_config)}
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / f"{run_id}-{node_id}.log", "ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "client.worker"], stdin=subprocess.PIPE, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    worker.stdin.write(json.dumps(spec).encode())
+    worker.stdin.close()
+    return Message(encode_records({}, {"status": "started", "pid": worker.pid}), reply_to=message)

@@ -32,11 +32,13 @@ class RunIncomplete(RuntimeError):
     """The run stopped before its planned steps (budgets exhausted, clients failed, interrupted)."""
 
 
-def make_server_app(server_fn: Callable[[FlowerTransport], Any], result: RunResult) -> ServerApp:
+def make_server_app(server_fn: Callable[[FlowerTransport], Any], result: RunResult, *,
+                    on_pushed: Callable[[], None] | None = None) -> ServerApp:
     """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.
 
     Used by ``fedgan simulate`` and ``fedgan debug-task``, whose configuration is resolved before
     Flower starts; exceptions are kept in ``result`` for the CLI to report with its exit code.
+    ``on_pushed`` is handed to the transport (the simulation runtime's wake-up after each push).
     """
     server_app = ServerApp()
 
@@ -44,7 +46,7 @@ def make_server_app(server_fn: Callable[[FlowerTransport], Any], result: RunResu
     def main(grid: Grid, context: Context) -> None:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         try:
-            result.summary = server_fn(FlowerTransport(grid))
+            result.summary = server_fn(FlowerTransport(grid, on_pushed=on_pushed))
         except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
             result.error = err
 
@@ -61,8 +63,17 @@ def main(grid: Grid, context: Context) -> None:
 
     cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
     run = RunDirectory.create(cfg)
-    transport = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
-    summary = run_experiment(cfg, run, transport, transport_name="flower-run")
+    control = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
+    if cfg.dataplane == "flower":
+        summary = run_experiment(cfg, run, control, transport_name="flower-run")
+    else:
+        from .dataplane import GrpcTransport, settings_from
+
+        transport = GrpcTransport(control, context.run_id, settings_from(cfg))
+        try:
+            summary = run_experiment(cfg, run, transport, transport_name="flower-run+grpc-dataplane")
+        finally:
+            transport.close()
     print_summary(summary)
     if summary["status"] != "completed":
         raise RunIncomplete(f"run {run.path} did not complete: {summary['status']}")

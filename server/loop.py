@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +64,7 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
+    state.comm.add_control(*getattr(transport, "setup_totals", (0, 0)))  # a data plane's kick-off messages
     nodes = _handshake(cfg, run, transport, strategy, state, nodes)
     allowed = set(cfg.participants())
     nodes = [n for n in nodes if strategy.node_client[n] in allowed]
@@ -79,27 +81,73 @@ def handshake(cfg: ExperimentConfig, state_dir: str, transport: Transport,
     Returns (node -> client id, bytes down, bytes up). Fails when the nodes do not hold exactly
     the partitions 0..num_clients-1.
     """
+    hello = _hello(cfg, state_dir, transport, nodes)
+    return hello.mapping, hello.bytes_down, hello.bytes_up
+
+
+@dataclass
+class Hello:
+    """What the run's hello taught the server about its nodes."""
+
+    mapping: dict[int, int]  # node -> client id
+    ledger_holders: frozenset[int]  # clients whose ledger may hold releases (all that did not say it is empty)
+    bytes_down: int
+    bytes_up: int
+
+
+# One exchange carries at most this many messages. Flower 1.41's in-memory message store scans
+# every stored message for every node on each delivery pass (vce_api.add_messages_to_queue ->
+# InMemoryLinkState.get_message_ins) and checks every pending id on each pull, so one exchange of
+# K messages costs O(K^2): a hello to 3,400 simulated nodes at once took minutes.
+BROADCAST_CHUNK = 128
+
+
+def _hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: list[int]) -> Hello:
+    """``handshake``, keeping what the replies say about the clients' ledgers.
+
+    A reply may carry ``ledger_queries`` (queries already in the client's ledger when the run
+    starts); ``_fetch_ledgers`` skips a client only on that word, so a ClientApp that does not
+    send it keeps every client asked.
+    """
     setup = {"config": json.dumps(cfg.to_dict()), "state_dir": state_dir}
-    exchange = transport.exchange([Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
-    mapping = {}
+    exchange = _exchange_in_chunks(transport, [Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
+    mapping, holders = {}, set()
     for reply in exchange.replies:
         if reply.content is None:
             raise RuntimeError(f"node {reply.node_id} did not answer the run's hello: {reply.error}")
-        mapping[reply.node_id] = int(decode_records(reply.content)[1]["client_id"])
+        scalars = decode_records(reply.content)[1]
+        mapping[reply.node_id] = int(scalars["client_id"])
+        if int(scalars.get("ledger_queries", 1)) > 0:  # not said: it may hold releases
+            holders.add(mapping[reply.node_id])
     if sorted(mapping.values()) != list(range(cfg.num_clients)):
         raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
                            "each node needs a distinct partition-id below num_clients")
-    return (mapping, *exchange.totals())
+    return Hello(mapping, frozenset(holders), *exchange.totals())
+
+
+def _exchange_in_chunks(transport: Transport, outgoing: list[Outgoing]) -> Exchange:
+    """``transport.exchange`` of ``outgoing`` in pieces of ``BROADCAST_CHUNK`` messages, merged."""
+    step = BROADCAST_CHUNK
+    parts = [transport.exchange(outgoing[i:i + step]) for i in range(0, len(outgoing), step)]
+    return Exchange(replies=[r for p in parts for r in p.replies],
+                    bytes_down={n: b for p in parts for n, b in p.bytes_down.items()},
+                    bytes_up={n: b for p in parts for n, b in p.bytes_up.items()})
+
+
+# Clients whose ledger a run's hello found not empty (or could not rule out), per strategy object:
+# what ``_handshake`` learns and ``_fetch_ledgers`` needs, which run_experiment does not pass along.
+_LEDGER_HOLDERS: "weakref.WeakKeyDictionary[Strategy, frozenset[int]]" = weakref.WeakKeyDictionary()
 
 
 def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
                state: LoopState, nodes: list[int]) -> list[int]:
     """Hello to every node; returns the nodes ordered by client id, so that the server's sampling
     (and thus the whole run) depends on the seed only, not on the node ids a runtime assigns."""
-    mapping, down, up = handshake(cfg, str(run.state_dir), transport, nodes)
-    strategy.bind_nodes(mapping)
-    state.comm.add_control(down, up)
-    return sorted(nodes, key=mapping.__getitem__)
+    hello = _hello(cfg, str(run.state_dir), transport, nodes)
+    strategy.bind_nodes(hello.mapping)
+    _LEDGER_HOLDERS[strategy] = hello.ledger_holders
+    state.comm.add_control(hello.bytes_down, hello.bytes_up)
+    return sorted(nodes, key=hello.mapping.__getitem__)
 
 
 def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
@@ -257,16 +305,28 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
 
 
 def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState) -> None:
-    """Ask every participating client for its own ledger: privacy.json is written from those.
+    """Ask the participating clients whose ledger may hold a release for it: privacy.json is
+    written from those ledgers, the authority on what each client spent.
 
-    All of them, not only those the server saw answer: a client's ledger may hold releases the
-    server never saw (a reply lost, a selection query of the debugging task, a crashed run)."""
+    A client's ledger grows only when it answers a release-producing message. Asked is every
+    participating client (not failed) that was sent a step message by this run, or by the run
+    it resumes (the per-client byte counts survive checkpoints), or whose ledger the hello did
+    not find empty: releases the server did not see in this run (the debugging task's selection
+    query, answered in an earlier exchange on the same client state; answers after the last
+    checkpoint of a crashed run; a reused state directory) are in that set, and so is everybody
+    when the ClientApp does not report its ledger at hello. Any other client's ledger is empty,
+    which is what the server's mirror already says: asking it would cost one message per client
+    of the federation (3,400 for FEMNIST) for nothing.
+    """
     allowed = set(cfg.participants())
-    nodes = [n for n, cid in strategy.node_client.items() if n not in state.failed and cid in allowed]
+    queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
+    holders = _LEDGER_HOLDERS.get(strategy)
+    nodes = [n for n, cid in strategy.node_client.items()
+             if n not in state.failed and cid in allowed and (holders is None or cid in holders or cid in queried)]
     queries = strategy.ledger_queries(nodes)
     if not queries:
         return
-    exchange = transport.exchange(queries)
+    exchange = _exchange_in_chunks(transport, queries)
     state.notes.extend(strategy.absorb_ledgers(exchange.replies))
     state.comm.add_control(*exchange.totals())
 

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--netns", action="store_true", help="run each SuperNode in its own network namespace, "
                      "joined by a veth pair (needs root and iproute2)")
     dep.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    dep.add_argument("--transport", dest="dataplane", choices=("grpc", "flower"), default=argparse.SUPPRESS,
+                     help="grpc (default): per-step messages over the project's gRPC data plane, Flower as "
+                     "control plane; flower: every message through Flower's runtime (same as --dataplane)")
     add_config_flags(dep)
     cmp_ = sub.add_parser("compare", help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
                           "comparison.json, a table and a bytes-per-step plot",

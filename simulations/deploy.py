@@ -98,6 +98,7 @@ class LocalDeployment:
         self.home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
         self.port = free_port()
+        self.dataplane_port = free_port()  # the ServerApp's gRPC data plane, fixed so nodes can be told
         self.namespaces = netns.Namespaces() if self.use_netns else None
         self.tls_files: pki.TlsFiles | None = None
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
@@ -180,6 +181,8 @@ class LocalDeployment:
         state_dir.mkdir(parents=True, exist_ok=True)
         node_config = (f"partition-id={partition} num-partitions={self.num_nodes} "
                        f"state-dir='{state_dir}'")
+        if host is not None:  # the advertised loopback address is not this node's loopback
+            node_config += f" dataplane-address='{host.host_ip}:{self.dataplane_port}'"
         args = ["flower-supernode", "--superlink", f"{relay.address[0]}:{relay.address[1]}",
                 "--port", str(free_port()), "--node-config", node_config, "--max-retries", "20",
                 *self._client_tls_args()]
@@ -245,6 +248,15 @@ class LocalDeployment:
         if self.namespaces is not None:
             self.namespaces.close()
 
+    def dataplane_settings(self) -> dict[str, Any]:
+        """Config values that point the run's data plane at this deployment (port, TLS files)."""
+        values: dict[str, Any] = {"dataplane_port": self.dataplane_port,
+                                  "dataplane_bind": "0.0.0.0" if self.use_netns else "127.0.0.1"}
+        if self.tls_files is not None:
+            values.update(dataplane_tls_cert=str(self.tls_files.server_cert),
+                          dataplane_tls_key=str(self.tls_files.server_key), dataplane_tls_ca=str(self.tls_files.ca_cert))
+        return values
+
     def process_table(self) -> dict[str, Any]:
         """What was started where: for the user, and for tests that kill a node on purpose."""
         return {"superlink": {"pid": self.started[0].pid if self.started else None, "port": self.port},
@@ -289,7 +301,10 @@ def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple
             "superlink_traffic: Flower's per-run counters (`flwr list`), protobuf requests and responses "
             "of the Fleet API; wire: TCP payload between the SuperNodes and the SuperLink while the run "
             "was active (HTTP headers, TLS records, idle polls and heartbeats included). "
-            "fleet_overhead = superlink_traffic - counted; http_overhead = wire - superlink_traffic."),
+            "fleet_overhead = superlink_traffic - counted; http_overhead = wire - superlink_traffic. "
+            "With the gRPC data plane (summary transport flower-run+grpc-dataplane) the per-step messages "
+            "bypass the SuperLink: its counters and the wire see only Flower's control traffic, so the "
+            "overheads are not meaningful there."),
     }
 
 
@@ -315,6 +330,8 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     from .simulate import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
 
     run_path = Path(cfg.out)
+    if cfg.dataplane == "grpc":
+        cfg = cfg.replace(**dep.dataplane_settings())
     atomic_write_json(dep.workdir / "processes.json", dep.process_table())
     started = time.monotonic()
     run_id = dep.submit(run_config_file(cfg, dep.workdir / "run_config.toml"))

@@ -1,0 +1,152 @@
+"""The data plane, node side: one persistent worker per node and run.
+
+Started by the ClientApp's ``query.dataplane`` handler (``python -m client.worker``, its own session),
+it reads its settings, token included, from stdin (never the command line or logs), imports torch
+once, keeps the node's Context (and through it the discriminator cache) in memory, dials the
+ServerApp's gRPC server and answers every request with the ClientApp's own handlers. State is
+persisted to the node's disk by those handlers, so a restarted worker resumes.
+
+It exits on the server's shutdown, when the stream closes (server gone), and when nothing arrived
+for ``idle_s`` seconds (server hung; the server pings every few seconds). A lock file per run and
+node makes a second start return "already running".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import queue
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+LOCK_DIR = Path(tempfile.gettempdir()) / "fedgan-dataplane"
+
+
+def lock_path(run_id: int, node_id: int) -> Path:
+    return LOCK_DIR / f"{run_id}-{node_id}.lock"
+
+
+def try_lock(path: Path) -> BinaryIO | None:
+    """The open, exclusively locked file, or None when another worker holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "ab")  # noqa: SIM115 - held for the worker's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
+def is_running(run_id: int, node_id: int) -> bool:
+    handle = try_lock(lock_path(run_id, node_id))
+    if handle is None:
+        return True
+    handle.close()
+    return False
+
+
+def _channel(address: str, ca: str):
+    import grpc
+
+    from server.dataplane import MAX_MESSAGE, is_loopback
+
+    options = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
+    if ca:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca.encode()), options)
+    if not is_loopback(address.rsplit(":", 1)[0].strip("[]")):
+        raise SystemExit(f"refusing a plaintext data plane to {address}: beyond loopback it needs TLS")
+    return grpc.insecure_channel(address, options)
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from flwr.app import Context, RecordDict
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from client.app import app
+
+        self.spec = spec
+        self.app = app
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = spec["run_id"], spec["node_id"], 1
+        self.context = Context(run_id=spec["run_id"], node_id=spec["node_id"], node_config=spec["node_config"],
+                               state=RecordDict(), run_config={})
+        self.outbox: queue.Queue = queue.Queue()
+        self.last_heard = time.monotonic()
+
+    def run(self) -> str:
+        from protos import dataplane_pb2 as pb
+        from protos import dataplane_pb2_grpc as pb_grpc
+
+        channel = _channel(self.spec["address"], self.spec.get("ca", ""))
+        self.outbox.put(pb.NodeMessage(hello=pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"],
+                                                      token=self.spec["token"])))
+        call = pb_grpc.DataPlaneStub(channel).Connect(self._requests())
+        threading.Thread(target=self._watchdog, args=(call,), daemon=True).start()
+        try:
+            for message in call:
+                self.last_heard = time.monotonic()
+                kind = message.WhichOneof("kind")
+                if kind == "shutdown":
+                    return f"shutdown: {message.shutdown.reason}"
+                if kind == "request":
+                    self.outbox.put(pb.NodeMessage(reply=self._answer(message.request)))
+            return "stream closed by the server"
+        except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the server is gone
+            return f"stream ended: {getattr(err, 'details', lambda: err)()}"
+        finally:
+            self.outbox.put(None)
+            channel.close()
+
+    def _requests(self):
+        while (item := self.outbox.get()) is not None:
+            yield item
+
+    def _watchdog(self, call) -> None:
+        idle_s = float(self.spec["idle_s"])
+        while True:
+            time.sleep(min(1.0, idle_s / 4))
+            if time.monotonic() - self.last_heard > idle_s:
+                print(f"fedgan worker: nothing from the server for {idle_s:.0f} s; exiting", flush=True)
+                call.cancel()
+                return
+
+    def _answer(self, request):
+        from flwr.app import Message
+        from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+        from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
+
+        from protos import dataplane_pb2 as pb
+
+        proto = RecordDictProto()
+        proto.ParseFromString(request.content)
+        message = Message(recorddict_from_proto(proto), dst_node_id=self.spec["node_id"],
+                          message_type=request.message_type)
+        message.metadata.__dict__["_message_id"] = message.object_id
+        try:
+            reply = self.app(message, self.context)
+        except Exception as err:  # noqa: BLE001 - reported to the server, which drops this node
+            return pb.Envelope(seq=request.seq, message_type=request.message_type, error=f"{type(err).__name__}: {err}")
+        if reply.has_error():
+            return pb.Envelope(seq=request.seq, message_type=request.message_type, error=reply.error.reason)
+        return pb.Envelope(seq=request.seq, message_type=request.message_type,
+                           content=recorddict_to_proto(reply.content).SerializeToString())
+
+
+def main() -> int:
+    spec = json.loads(sys.stdin.read())
+    lock = try_lock(lock_path(spec["run_id"], spec["node_id"]))
+    if lock is None:
+        print("fedgan worker: already running for this run and node", flush=True)
+        return 0
+    reason = Worker(spec).run()
+    print(f"fedgan worker: exiting ({reason})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

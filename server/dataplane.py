@@ -1,0 +1,283 @@
+"""The data plane, server side: per-step messages over one gRPC stream per node, Flower as control plane.
+
+Flower 1.41 starts a ClientApp process per message (seconds each), so in a deployment the ServerApp
+opens its own gRPC server and asks every node, with ONE Flower message (``query.dataplane``), to
+start a persistent worker that dials back with a per-run, per-node token (HMAC of a secret that
+never leaves this process with the run and node ids; it travels inside Flower's message, over TLS
+when the deployment uses it). From then on every message of the round loop (hello, steps, ledgers)
+goes over the stream; the contents are the same Flower RecordDicts and their bytes are counted with
+the same function, so byte counts and ledgers equal the Flower path's.
+
+Workers never outlive the run: ``close()`` sends a shutdown; if this process dies, their stream
+closes; if it hangs, their idle watchdog fires (the server pings every few seconds); and a run
+stopped with ``flwr stop`` is noticed by polling the Grid, which ends the run here and so the streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import queue
+import secrets
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from flwr.app import Error, Message, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
+
+from client.flower_wire import decode_records, encode_records
+from protos import dataplane_pb2 as pb
+from protos import dataplane_pb2_grpc as pb_grpc
+
+from .strategies.base import Incoming, Outgoing
+from .transport import Exchange, FlowerTransport, _count
+
+MSG_DATAPLANE = "query.dataplane"
+MAX_MESSAGE = 256 * 1024 * 1024
+
+
+class DataPlaneError(RuntimeError):
+    """Workers did not connect, a token was wrong, or the run was stopped from outside."""
+
+
+def node_token(secret: bytes, run_id: int, node_id: int) -> str:
+    """The token node ``node_id`` must present: an HMAC, so it is worthless for any other run or node."""
+    return hmac.new(secret, f"{run_id}:{node_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class Session:
+    """One connected worker: what to send it, and the replies it sent back by sequence number."""
+
+    outbox: "queue.Queue[pb.ServerMessage | None]" = field(default_factory=queue.Queue)
+    replies: dict[int, pb.Envelope] = field(default_factory=dict)
+    closed: threading.Event = field(default_factory=threading.Event)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def deliver(self, envelope: pb.Envelope) -> None:
+        with self.changed:
+            self.replies[envelope.seq] = envelope
+            self.changed.notify_all()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.outbox.put(None)
+        with self.changed:
+            self.changed.notify_all()
+
+
+class DataPlaneServicer(pb_grpc.DataPlaneServicer):
+    """Accepts one stream per expected node whose hello carries the right token."""
+
+    def __init__(self, run_id: int, secret: bytes, nodes: set[int]) -> None:
+        self.run_id, self.secret, self.nodes = run_id, secret, nodes
+        self.sessions: dict[int, Session] = {}
+        self.connected = threading.Condition()
+
+    def Connect(self, request_iterator, context):  # noqa: N802 - gRPC's method name
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a hello")
+        hello = first.hello
+        expected = node_token(self.secret, self.run_id, hello.node_id)
+        if hello.run_id != self.run_id or hello.node_id not in self.nodes or not hmac.compare_digest(
+                hello.token, expected):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
+        session = Session()
+        with self.connected:
+            old = self.sessions.get(hello.node_id)
+            if old is not None and not old.closed.is_set():
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, "a worker of this node is already connected")
+            self.sessions[hello.node_id] = session
+            self.connected.notify_all()
+        threading.Thread(target=self._read, args=(request_iterator, session), daemon=True).start()
+        context.add_callback(session.close)
+        while (item := session.outbox.get()) is not None:
+            yield item
+
+    @staticmethod
+    def _read(request_iterator, session: Session) -> None:
+        try:
+            for message in request_iterator:
+                if message.WhichOneof("kind") == "reply":
+                    session.deliver(message.reply)
+        except grpc.RpcError:
+            pass
+        finally:
+            session.close()
+
+
+@dataclass(frozen=True)
+class DataPlaneSettings:
+    bind: str = "127.0.0.1"
+    port: int = 0
+    address: str = ""  # advertised host; empty: the bind address (127.0.0.1 when binding 0.0.0.0)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    idle_s: float = 300.0
+    connect_timeout_s: float = 300.0
+    reply_timeout_s: float = 300.0
+
+
+def settings_from(cfg) -> DataPlaneSettings:
+    """The data-plane settings of an ExperimentConfig."""
+    return DataPlaneSettings(bind=cfg.dataplane_bind, port=cfg.dataplane_port, address=cfg.dataplane_address,
+                             tls_cert=cfg.dataplane_tls_cert, tls_key=cfg.dataplane_tls_key,
+                             tls_ca=cfg.dataplane_tls_ca, idle_s=cfg.dataplane_idle_s,
+                             connect_timeout_s=cfg.reply_timeout_s, reply_timeout_s=cfg.reply_timeout_s)
+
+
+class GrpcTransport:
+    """The round loop's transport for deployments: Flower for membership and the kick-off message,
+    the gRPC stream for everything else."""
+
+    def __init__(self, control: FlowerTransport, run_id: int, settings: DataPlaneSettings) -> None:
+        self.control, self.run_id, self.settings = control, run_id, settings
+        self.secret = secrets.token_bytes(32)
+        self.servicer: DataPlaneServicer | None = None
+        self.server: grpc.Server | None = None
+        self.setup_totals = (0, 0)
+        self.worker_pids: dict[int, int] = {}
+        self.server_port = 0
+        self._seq = 0
+        self._stopped = threading.Event()
+        self._closing = threading.Event()
+
+    # ---- start ----------------------------------------------------------------------------------
+    def node_ids(self, expected: int) -> list[int]:
+        nodes = self.control.node_ids(expected)
+        self._start(nodes)
+        return nodes
+
+    def _start(self, nodes: list[int]) -> None:
+        s = self.settings
+        host = s.address or ("127.0.0.1" if s.bind in ("0.0.0.0", "::") else s.bind)
+        if not s.tls_cert and not (is_loopback(host) and is_loopback(s.bind)):
+            raise DataPlaneError(f"the data plane would be reachable beyond loopback ({s.bind}, advertised as "
+                                 f"{host}) without TLS: set dataplane-tls-cert/-key/-ca")
+        self.servicer = DataPlaneServicer(self.run_id, self.secret, set(nodes))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(nodes) + 8), options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)])
+        pb_grpc.add_DataPlaneServicer_to_server(self.servicer, self.server)
+        target = f"{s.bind}:{s.port}"
+        if s.tls_cert:
+            creds = grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+            port = self.server.add_secure_port(target, creds)
+        else:
+            port = self.server.add_insecure_port(target)
+        self.server.start()
+        self.server_port = port
+        ca = Path(s.tls_ca).read_text() if s.tls_ca else ""
+        kickoff = [Outgoing(n, MSG_DATAPLANE, encode_records({}, {
+            "address": f"{host}:{port}", "token": node_token(self.secret, self.run_id, n), "run_id": self.run_id,
+            "ca": ca, "idle_s": float(s.idle_s)})) for n in nodes]
+        exchange = self.control.exchange(kickoff)
+        self.setup_totals = exchange.totals()
+        self.worker_pids = {r.node_id: int(decode_records(r.content)[1].get("pid", -1))
+                            for r in exchange.replies if r.content is not None}
+        failed = [f"node {r.node_id}: {r.error}" for r in exchange.replies if r.content is None]
+        if failed:
+            raise DataPlaneError("nodes could not start their data-plane worker: " + "; ".join(failed))
+        self._wait_connected(nodes)
+        threading.Thread(target=self._keepalive, name="dataplane-keepalive", daemon=True).start()
+
+    def _wait_connected(self, nodes: list[int]) -> None:
+        deadline = time.monotonic() + self.settings.connect_timeout_s
+        with self.servicer.connected:
+            while missing := [n for n in nodes if n not in self.servicer.sessions]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DataPlaneError(f"{len(missing)} of {len(nodes)} data-plane workers did not connect "
+                                         f"within {self.settings.connect_timeout_s:.0f} s (nodes {missing[:5]})")
+                self.servicer.connected.wait(timeout=left)
+
+    def _keepalive(self) -> None:
+        """Ping the workers (their idle watchdog) and poll the Grid: `flwr stop` ends the run here."""
+        interval = max(0.5, min(5.0, self.settings.idle_s / 3))
+        while not self._closing.wait(interval):
+            for session in list(self.servicer.sessions.values()):
+                session.outbox.put(pb.ServerMessage(ping=pb.Ping(seq=0)))
+            grid = getattr(self.control, "grid", None)  # the in-process control (tests) has none
+            try:
+                if grid is not None:
+                    grid.get_node_ids()
+            except Exception:  # noqa: BLE001 - the run is no longer running (stopped) or the link is gone
+                self._stopped.set()
+                return
+
+    # ---- messages -------------------------------------------------------------------------------
+    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+        if self._stopped.is_set():
+            raise DataPlaneError("the run was stopped (flwr stop) or the SuperLink is gone")
+        sent: dict[int, tuple[int, Message, Session | None]] = {}
+        down = {}
+        for o in outgoing:
+            message = Message(o.content, dst_node_id=o.node_id, message_type=o.message_type)
+            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's runtime does
+            down[o.node_id] = _count(message)
+            self._seq += 1
+            session = self.servicer.sessions.get(o.node_id)
+            if session is not None and not session.closed.is_set():
+                session.outbox.put(pb.ServerMessage(request=pb.Envelope(
+                    seq=self._seq, message_type=o.message_type,
+                    content=recorddict_to_proto(o.content).SerializeToString())))
+            sent[o.node_id] = (self._seq, message, session)
+        return self._collect(outgoing, sent, down)
+
+    def _collect(self, outgoing: list[Outgoing], sent, down) -> Exchange:
+        deadline = time.monotonic() + self.settings.reply_timeout_s
+        incoming, up = [], {}
+        for o in outgoing:
+            seq, request, session = sent[o.node_id]
+            envelope, why = self._await(session, seq, deadline)
+            if envelope is None:
+                incoming.append(Incoming(o.node_id, None, why))
+                continue
+            if envelope.error:
+                reply = Message(Error(code=0, reason=envelope.error), reply_to=request)
+                incoming.append(Incoming(o.node_id, None, f"client error: {envelope.error}"))
+            else:
+                proto = RecordDictProto()
+                proto.ParseFromString(envelope.content)
+                reply = Message(recorddict_from_proto(proto), reply_to=request)
+                incoming.append(Incoming(o.node_id, reply.content))
+            up[o.node_id] = _count(reply)
+        return Exchange(incoming, down, up)
+
+    def _await(self, session: Session | None, seq: int, deadline: float) -> tuple[pb.Envelope | None, str]:
+        if session is None:
+            return None, "no data-plane worker connected for this node"
+        with session.changed:
+            while seq not in session.replies:
+                if session.closed.is_set():
+                    return None, "the node's data-plane stream closed (worker or node gone)"
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, f"no reply within {self.settings.reply_timeout_s:.0f} s"
+                session.changed.wait(timeout=min(left, 1.0))
+            return session.replies.pop(seq), ""
+
+    # ---- stop -----------------------------------------------------------------------------------
+    def close(self, reason: str = "run finished") -> None:
+        """Tell every worker to exit, then stop the server (streams still open are cancelled)."""
+        self._closing.set()
+        if self.servicer is not None:
+            for session in self.servicer.sessions.values():
+                session.outbox.put(pb.ServerMessage(shutdown=pb.Shutdown(reason=reason)))
+                session.outbox.put(None)
+        if self.server is not None:
+            self.server.stop(grace=2.0).wait(5.0)
