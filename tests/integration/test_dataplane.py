@@ -165,3 +165,30 @@ def test_plaintext_beyond_loopback_is_refused(tmp_path):
     transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(bind="0.0.0.0", address="10.1.2.3"))
     with pytest.raises(DataPlaneError, match="without TLS"):
         transport.node_ids(1)
+
+
+def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
+    import os
+    import signal
+
+    cfg = ExperimentConfig(steps=3, clients_per_step=2, out=str(tmp_path / "run"), **TINY)
+    control = control_for(2)
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30, reply_timeout_s=30))
+    exchange, steps = transport.exchange, []
+
+    def kill_after_first_step(outgoing):
+        result = exchange(outgoing)
+        if outgoing and outgoing[0].message_type == "train.gswgan" and not steps:
+            steps.append(1)
+            os.kill(transport.worker_pids[sorted(control.contexts)[1]], signal.SIGKILL)
+        return result
+
+    transport.exchange = kill_after_first_step
+    try:
+        summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="grpc")
+    finally:
+        transport.close()
+    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    assert summary["failed_clients"] == [1]
+    assert "stream closed" in summary["clients"][1]["failure"]
+    assert summary["clients"][0]["queries"] == 3 and summary["clients"][1]["queries"] == 1

@@ -52,7 +52,8 @@ def assert_all_stopped(pids: list[int]) -> None:
 
 def test_deploy_completes_with_the_simulations_bytes_and_epsilon(tmp_path):
     run_dir = tmp_path / "deployed"
-    result = fedgan("deploy", "--local", *TINY, "--steps", "3", "--out", str(run_dir))
+    # Flower's message path: its counters see every message, so they can be checked against ours.
+    result = fedgan("deploy", "--local", "--transport", "flower", *TINY, "--steps", "3", "--out", str(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     dep = summary["deployment"]
@@ -100,6 +101,7 @@ def test_tls_and_auth_reject_an_unregistered_supernode(tmp_path):
         assert run_on_deployment(dep, cfg) == 0
         pids = [p.pid for p in dep.started]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["transport"] == "flower-run+grpc-dataplane"  # the data plane, over TLS (and veth)
     assert summary["deployment"]["tls"] and summary["deployment"]["auth"]
     assert summary["deployment"]["flwr_status"] == "finished:completed"
     assert [c["queries"] for c in summary["clients"]] and sum(c["queries"] for c in summary["clients"]) == 2
@@ -117,7 +119,8 @@ def netns_list() -> list[str]:
 def test_a_supernode_killed_mid_run_is_dropped_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    args = [str(BIN / "fedgan"), "deploy", "--local", *TINY, "--steps", "4", "--clients-per-step", "3",
+    args = [str(BIN / "fedgan"), "deploy", "--local", "--transport", "flower", *TINY, "--steps", "4",
+            "--clients-per-step", "3",
             "--reply-timeout-s", "45", "--log-every", "1", "--out", str(run_dir)]
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
