@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Make a private CA and a TLS certificate for the SuperLink, for docker-compose.tls.yml.
+# Make a private CA and one TLS certificate for the SuperLink and the ServerApp's data plane, for
+# docker-compose.tls.yml.
 #
 #   deploy/certs/generate.sh [OUT_DIR]    (default deploy/certs/out, FEDGAN_CERTS_DIR in .env)
 #   EXTRA_SANS="DNS:fl.example.org,IP:10.0.0.5" deploy/certs/generate.sh OUT_DIR
 #
 # Writes ca.crt, ca.key, server.pem, server.key. The certificate names the SuperLink as Compose
-# services reach it (DNS:superlink) and as `flwr` on the host does (localhost, 127.0.0.1, ::1);
-# add EXTRA_SANS for SuperNodes on other hosts. Existing certificates are never overwritten.
+# services reach it (DNS:superlink) and as `flwr` on the host does (localhost, 127.0.0.1, ::1),
+# and the ServerApp's data plane as the workers dial it (DNS:serverapp, the SuperNodes'
+# dataplane-address); add EXTRA_SANS for SuperNodes on other hosts. Existing certificates are
+# never overwritten.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,7 +24,7 @@ fi
 mkdir -p "$out"
 umask 077  # private keys readable by their owner only
 
-export SUPERLINK_SANS="DNS:superlink,DNS:localhost,IP:127.0.0.1,IP:::1${EXTRA_SANS:+,$EXTRA_SANS}"
+export SUPERLINK_SANS="DNS:superlink,DNS:serverapp,DNS:localhost,IP:127.0.0.1,IP:::1${EXTRA_SANS:+,$EXTRA_SANS}"
 conf="$here/certificate.conf"
 
 openssl genrsa -out "$out/ca.key" "$bits" 2>/dev/null

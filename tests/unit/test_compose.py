@@ -20,6 +20,7 @@ import pytest
 import yaml
 from flwr.common.config import parse_config_args
 
+from common.config import ExperimentConfig
 from simulations import compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,6 +227,42 @@ def test_tls_overlay_swaps_insecure_for_mounted_certificates(
     assert [f for f in TLS_FLAGS if f in tls["superlink"]["command"]] == list(TLS_FLAGS[:3])
 
 
+@pytest.mark.parametrize("files", [BASE, WITH_TLS], ids=["plain", "tls"])
+def test_supernodes_send_their_workers_to_the_serverapp_data_plane(
+        files: tuple[str, ...], deployment: tuple[Path, int]) -> None:
+    root, num_clients = deployment
+    env, services = _env(root), _services(root, files)
+    port = env["DATAPLANE_PORT"]
+    for i in range(1, num_clients + 1):
+        config = parse_config_args([_flag(services[f"supernode-{i}"], "--node-config")])
+        assert config["dataplane-address"] == f"{compose.DATAPLANE_HOST}:{port}"
+    assert compose.DATAPLANE_HOST == "serverapp" and "serverapp" in services
+    assert port in [str(p) for p in services["serverapp"]["expose"]]
+
+
+def test_tls_overlay_serves_the_data_plane_from_mounted_certificates(
+        deployment: tuple[Path, int]) -> None:
+    root, _ = deployment
+    env = _env(root)
+    serverapp = _services(root, WITH_TLS)["serverapp"]
+    certs_dir = (root / env["FEDGAN_CERTS_DIR"]).resolve()
+    # The run config the overlay documents is one ExperimentConfig accepts, and names the mounts.
+    run_config = parse_config_args([compose.tls_run_config(env["DATAPLANE_PORT"])])
+    cfg = ExperimentConfig.from_run_config(run_config)
+    assert (cfg.dataplane_bind, str(cfg.dataplane_port)) == ("0.0.0.0", env["DATAPLANE_PORT"])
+    mounts = _mounts(serverapp)
+    for path, name in ((cfg.dataplane_tls_cert, "server.pem"), (cfg.dataplane_tls_key, "server.key"),
+                       (cfg.dataplane_tls_ca, "ca.crt")):
+        assert mounts[path] == (str(certs_dir / name), "ro"), path
+    overlay = (root / compose.TLS_FILE).read_text()
+    header = " ".join(line.lstrip("# ") for line in overlay.splitlines() if line.startswith("#"))
+    assert compose.tls_run_config("DATAPLANE_PORT") in header
+
+
+def test_plain_deployment_documents_the_flower_message_path() -> None:
+    assert "dataplane='flower'" in (ROOT / compose.BASE_FILE).read_text()
+
+
 def test_dockerfile_pins_match_the_project() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     pyproject = (ROOT / "pyproject.toml").read_text()
@@ -256,7 +293,9 @@ def test_generate_sh_makes_a_verifiable_superlink_certificate(tmp_path: Path) ->
     assert _openssl("verify", "-CAfile", str(out / "ca.crt"), str(out / "server.pem")).strip() \
         .endswith(": OK")
     sans = _openssl("x509", "-in", str(out / "server.pem"), "-noout", "-ext", "subjectAltName")
-    for name in ("DNS:superlink", "DNS:localhost", "IP Address:127.0.0.1"):
+    # One certificate for the SuperLink and the data plane, which the workers dial as serverapp.
+    for name in ("DNS:superlink", f"DNS:{compose.DATAPLANE_HOST}", "DNS:localhost",
+                 "IP Address:127.0.0.1"):
         assert name in sans
     # The overlay mounts exactly what the script writes (and never the CA key).
     overlay = (ROOT / compose.TLS_FILE).read_text()
