@@ -28,6 +28,7 @@ SETUP_KEY = "setup"
 SUPERLINK_NODE_ID = 1  # Flower's fixed node id of the server side
 WIDEST_ID = 2**64 - 1
 STATS_KEY = "stats"
+RAW_STYPE = "raw"  # Array.data is the bare C-order little-endian bytes; dtype and shape are in the Array
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,7 @@ def message_wire_bytes(message: Message) -> WireBytes:
 def encode_records(arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> RecordDict:
     content = RecordDict({SCALARS_KEY: ConfigRecord(dict(scalars))})
     if arrays:
-        content[ARRAYS_KEY] = ArrayRecord(
-            {name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()}
-        )
+        content[ARRAYS_KEY] = ArrayRecord({name: raw_array(value) for name, value in arrays.items()})
     return content
 
 
@@ -85,8 +84,36 @@ def decode_records(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str
         raise PayloadError(f"message lacks the {SCALARS_KEY!r} record")
     arrays = {}
     if ARRAYS_KEY in content:
-        arrays = {name: arr.numpy() for name, arr in content.array_records[ARRAYS_KEY].items()}
+        arrays = {name: array_to_numpy(name, arr) for name, arr in content.array_records[ARRAYS_KEY].items()}
     return arrays, dict(content.config_records[SCALARS_KEY])
+
+
+def raw_array(value: np.ndarray) -> Array:
+    """A Flower Array holding the bare little-endian bytes (stype ``raw``).
+
+    Flower's default numpy serialization prepends a 128-byte .npy header that repeats the dtype
+    and shape the Array already carries; on GS-WGAN's many small messages that is pure overhead.
+    """
+    little = np.ascontiguousarray(value, dtype=np.asarray(value).dtype.newbyteorder("<"))
+    return Array(dtype=little.dtype.name, shape=tuple(little.shape), stype=RAW_STYPE, data=little.tobytes())
+
+
+def array_to_numpy(name: str, array: Array) -> np.ndarray:
+    """Array -> numpy for both serializations (``raw`` and Flower's .npy); PayloadError if malformed."""
+    if array.stype != RAW_STYPE:
+        return array.numpy()
+    try:
+        dtype = np.dtype(array.dtype).newbyteorder("<")
+    except TypeError as err:
+        raise PayloadError(f"{name} has unknown dtype {array.dtype!r}") from err
+    if dtype.kind not in "biuf":
+        raise PayloadError(f"{name} has dtype {array.dtype!r}; only numeric arrays are accepted")
+    expected = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+    if len(array.data) != expected:
+        raise PayloadError(f"{name} carries {len(array.data)} bytes, its shape {tuple(array.shape)} and dtype "
+                           f"{array.dtype} need {expected}")
+    # A writable native-order copy: torch.from_numpy warns on read-only buffers.
+    return np.frombuffer(array.data, dtype).reshape(array.shape).astype(dtype.newbyteorder("="))
 
 
 def encode_query(query: GsQuery, setup: dict[str, Any] | None = None) -> RecordDict:
@@ -104,6 +131,7 @@ def decode_query(content: RecordDict) -> tuple[GsQuery, dict[str, Any] | None]:
             batch_size=int(scalars["batch_size"]),
             fake=arrays["fake"],
             labels=arrays["labels"],
+            fake_encoding=str(scalars.get("fake_encoding", "")),
         )
     except KeyError as err:
         raise PayloadError(f"query lacks field {err}") from err
@@ -133,6 +161,7 @@ def decode_answer(content: RecordDict) -> GsAnswer:
             queries=int(s["queries"]),
             epsilon=float(s["epsilon"]),
             stats={k: float(v) for k, v in stats.items()},
+            grad_encoding=str(s.get("grad_encoding", "")),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise PayloadError(f"malformed answer: {err!r}") from err

@@ -21,7 +21,11 @@ DPGAN_LOSSES = ("ns", "wgan-gp")
 DATASETS = ("synthetic", "emnist", "femnist", "mnist", "fashion-mnist")
 PARTITIONS = ("writer", "iid", "dirichlet", "shards")
 MODELS = ("tiny", "small", "paper")
+DATAPLANES = ("grpc", "flower")
 WIRE_DTYPES = ("float32", "float16")
+WIRE_SAMPLES = ("uint8", "float32")
+WIRE_COMPRESSIONS = ("deflate", "none")
+CRITIC_FAKES = ("fresh", "query", "replay")
 ACCOUNTANTS = ("rdp", "prv")
 
 
@@ -117,11 +121,51 @@ class ExperimentConfig:
         0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)"
     )
     # --- wire and accounting -----------------------------------------------------------------
-    wire_dtype: str = _f("float32", "dtype of tensors on the wire; float16 is cast after the noise")
+    wire_dtype: str = _f(
+        "float16", "dtype of the noisy gradients on the uplink, float16 or float32 (float16 is cast after "
+        "the noise: post-processing, the privacy ledger is unchanged)"
+    )
+    wire_samples: str = _f(
+        "uint8", "encoding of the generated samples on the downlink, uint8 (8-bit levels; the client "
+        "trains and differentiates at the dequantized images) or float32"
+    )
+    wire_compression: str = _f(
+        "deflate", "lossless compression of the wire arrays, deflate (level 1, only where it is smaller) "
+        "or none"
+    )
+    critic_fakes: str = _f(
+        "fresh", "fakes of the clients' critic steps: fresh (the server sends n_critic extra batches), "
+        "query (reuse the queried batch), replay (reuse a client-side buffer of recently received "
+        "batches, kept in memory only); query and replay send one batch per step"
+    )
+    replay_batches: int = _f(5, "critic_fakes=replay: received batches a client keeps for its critic steps")
+    client_stats: bool = _f(
+        False, "clients also send their critic statistics (Wasserstein estimate, losses, gradient norms) "
+        "for the training curves; they are computed on private data WITHOUT noise, so this voids the privacy "
+        "guarantee: debugging on non-sensitive data only (off: only the sanitized gradient leaves a client)"
+    )
     accountant: str = _f("rdp", "accountant of the headline epsilon, rdp or prv (both are reported)")
     reply_timeout_s: float = _f(
         300.0, "seconds the server waits for a message's replies; a client silent that long is marked "
         "failed and not asked again (a dead SuperNode), and the run goes on with the others"
+    )
+    # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
+    dataplane: str = _f(
+        "grpc", "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
+        "per node (Flower as control plane); flower = every message through Flower's runtime (seconds each)"
+    )
+    dataplane_bind: str = _f("127.0.0.1", "deployments: address the ServerApp's data-plane server listens on")
+    dataplane_port: int = _f(0, "deployments: data-plane port (0: any free port)")
+    dataplane_address: str = _f(
+        "", "deployments: host the workers dial (empty: the bind address); a node may override it with "
+        "dataplane-address=HOST:PORT in its node config"
+    )
+    dataplane_tls_cert: str = _f("", "deployments: PEM certificate of the data-plane server (TLS; required "
+                                 "beyond loopback)")
+    dataplane_tls_key: str = _f("", "deployments: PEM private key of the data-plane server")
+    dataplane_tls_ca: str = _f("", "deployments: PEM CA the workers verify the data-plane server with")
+    dataplane_idle_s: float = _f(
+        300.0, "deployments: a worker that hears nothing (not even the server's pings) this long exits"
     )
     # --- run directory -------------------------------------------------------------------------
     out: str = _f("", "run directory (empty: runs/NNNNN-<strategy>-<dataset>)")
@@ -255,6 +299,11 @@ def _validate(c: ExperimentConfig) -> None:
     _check(c.partition in PARTITIONS, "partition", c.partition, f"choose one of {PARTITIONS}")
     _check(c.model in MODELS, "model", c.model, f"choose one of {MODELS}")
     _check(c.wire_dtype in WIRE_DTYPES, "wire_dtype", c.wire_dtype, f"choose one of {WIRE_DTYPES}")
+    _check(c.wire_samples in WIRE_SAMPLES, "wire_samples", c.wire_samples, f"choose one of {WIRE_SAMPLES}")
+    _check(c.wire_compression in WIRE_COMPRESSIONS, "wire_compression", c.wire_compression,
+           f"choose one of {WIRE_COMPRESSIONS}")
+    _check(c.critic_fakes in CRITIC_FAKES, "critic_fakes", c.critic_fakes, f"choose one of {CRITIC_FAKES}")
+    _check(c.replay_batches >= 1, "replay_batches", c.replay_batches, "must be >= 1")
     _check(c.accountant in ACCOUNTANTS, "accountant", c.accountant, f"choose one of {ACCOUNTANTS}")
     _check(c.steps >= 0, "steps", c.steps, "must be >= 0")
     _check(c.num_clients >= 1, "num_clients", c.num_clients, "must be >= 1")
@@ -287,6 +336,11 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     _check(c.reply_timeout_s > 0, "reply_timeout_s", c.reply_timeout_s, "must be > 0")
+    _check(c.dataplane in DATAPLANES, "dataplane", c.dataplane, f"choose one of {DATAPLANES}")
+    _check(0 <= c.dataplane_port < 65536, "dataplane_port", c.dataplane_port, "must be in [0, 65535]")
+    _check(c.dataplane_idle_s > 0, "dataplane_idle_s", c.dataplane_idle_s, "must be > 0")
+    _check(bool(c.dataplane_tls_cert) == bool(c.dataplane_tls_key), "dataplane_tls_cert", c.dataplane_tls_cert,
+           "give both dataplane-tls-cert and dataplane-tls-key, or neither")
     _check(c.eval_every >= 0, "eval_every", c.eval_every, "must be >= 0")
     _check(c.target_epsilon >= 0, "target_epsilon", c.target_epsilon, "must be >= 0")
     _check(c.dpgan_loss in DPGAN_LOSSES, "dpgan_loss", c.dpgan_loss, f"choose one of {DPGAN_LOSSES}")

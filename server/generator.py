@@ -34,15 +34,24 @@ class ServerGenerator:
     def query_batches(self, batch_size: int, n_critic: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(n_critic+1)*B samples for one client: the critic batches without a graph, the last with.
 
+        ``n_critic=0`` gives the queried batch only (clients that reuse fakes for their critic steps).
         Returns (all samples detached, their labels, the last batch still attached to G's graph).
         """
         labels = self.draw_labels((n_critic + 1) * batch_size)
-        critic = self.sample(n_critic * batch_size, labels[: n_critic * batch_size], grad=False)
-        last = self.sample(batch_size, labels[n_critic * batch_size :], grad=True)
-        return torch.cat([critic, last.detach()]), labels, last
+        n = n_critic * batch_size
+        critic = [self.sample(n, labels[:n], grad=False)] if n_critic else []
+        last = self.sample(batch_size, labels[n:], grad=True)
+        return torch.cat([*critic, last.detach()]), labels, last
 
     def apply(self, attached: list[torch.Tensor], grads: list[torch.Tensor], divisor: float) -> None:
-        """Backpropagate the clients' sanitized gradients through G, step Adam, update the EMA."""
+        """Backpropagate the clients' sanitized gradients through G, step Adam, update the EMA.
+
+        Straight-through estimator: with a lossy sample encoding (uint8) the clients differentiate
+        at the *dequantized* images ``q(G(z))`` they received, while ``attached`` holds the
+        unquantized ``G(z)``. Rounding has zero derivative almost everywhere, so the chain rule
+        through ``q`` would give no signal; we treat ``q`` as the identity in the backward pass and
+        apply the returned gradient at ``G(z)``. The error is at most half a level (1/510) per pixel.
+        """
         self.optimizer.zero_grad(set_to_none=True)
         for fake, grad in zip(attached, grads, strict=True):
             fake.backward(grad / divisor)

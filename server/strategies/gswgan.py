@@ -1,9 +1,12 @@
 """GS-WGAN (Chen et al. 2020), federated: DESIGN.md §2 as strategy hooks.
 
 Per generator step: sample m clients uniformly, send each (n_critic+1)*B generated samples with
-server-drawn labels, receive B sanitized per-sample gradients from each, divide by B*m, backpropagate
-through G, step Adam, update the EMA. The server mirrors each client's ledger from the privacy
-events in the answers (for live ε); the clients' own ledgers, fetched at the end, are authoritative.
+server-drawn labels (only the B queried ones when clients reuse fakes for their critic steps,
+``critic_fakes``), receive B sanitized per-sample gradients from each, divide by B*m, backpropagate
+through G, step Adam, update the EMA. Samples travel as uint8 by default; the gradient the client
+returns is applied at G's unquantized output (straight-through, see ``ServerGenerator.apply``).
+The server mirrors each client's ledger from the privacy events in the answers (for live ε); the
+clients' own ledgers, fetched at the end, are authoritative.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from client.flower_wire import decode_answer, decode_records, encode_query, encode_records
-from common.codec import GsQuery, PayloadError, from_wire, to_wire, validate_answer
+from common.codec import GsAnswer, GsQuery, PayloadError, encode_labels, encode_samples, validate_answer
 from common.config import ExperimentConfig
 from common.privacy import (
     ACCOUNTING_RULE_AMPLIFIED,
@@ -57,21 +61,31 @@ class GsWganStrategy(Strategy):
         out = []
         self._attached = {}
         for node in nodes:
-            fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self.cfg.n_critic)
+            fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached[node] = attached
-            query = GsQuery(step=step, batch_size=self.cfg.batch_size,
-                            fake=to_wire(fakes.numpy(), self.cfg.wire_dtype), labels=labels.numpy())
-            out.append(Outgoing(node, MSG_QUERY, encode_query(query)))
+            out.append(Outgoing(node, MSG_QUERY, encode_query(self._query(step, fakes, labels))))
         return out
+
+    def _critic_batches(self) -> int:
+        """Critic batches sent along with the queried one: none when clients reuse fakes."""
+        return self.cfg.n_critic if self.cfg.critic_fakes == "fresh" else 0
+
+    def _query(self, step: int, fakes: torch.Tensor, labels: torch.Tensor) -> GsQuery:
+        """Samples and labels in their wire encodings (the samples are public: any encoding is fine)."""
+        fake, encoding = encode_samples(fakes.numpy(), self.cfg.wire_samples,
+                                        compress=self.cfg.wire_compression == "deflate")
+        return GsQuery(step=step, batch_size=self.cfg.batch_size, fake=fake, fake_encoding=encoding,
+                       labels=encode_labels(labels.numpy(), self.generator.num_classes))
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
         outcome = StepOutcome(took_step=False)
         grads, attached, stats = [], [], []
         for reply in replies:
-            answer = self._accept(step, reply, outcome)
-            if answer is None:
+            accepted = self._accept(step, reply, outcome)
+            if accepted is None:
                 continue
-            grads.append(torch.from_numpy(from_wire(answer.grad)))
+            answer, grad = accepted
+            grads.append(torch.from_numpy(grad))
             attached.append(self._attached[reply.node_id])
             stats.append(answer.stats)
         self._attached = {}
@@ -87,15 +101,16 @@ class GsWganStrategy(Strategy):
         return self.generator.ema.module
 
     # --- replies -------------------------------------------------------------------------------
-    def _accept(self, step: int, reply: Incoming, outcome: StepOutcome):
-        """Validate one reply; record its privacy event; None when it cannot be used."""
+    def _accept(self, step: int, reply: Incoming, outcome: StepOutcome) -> tuple[GsAnswer, np.ndarray] | None:
+        """Validate one reply; record its privacy event; (answer, float32 gradients) or None when
+        it cannot be used. The event is recorded whatever the gradients' wire encoding was."""
         if reply.content is None:
             outcome.failed_nodes.append(reply.node_id)
             outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
             return None
         try:
             answer = decode_answer(reply.content)
-            validate_answer(answer, batch_size=self.cfg.batch_size, step=step)
+            grad = validate_answer(answer, batch_size=self.cfg.batch_size, step=step)
         except PayloadError as err:
             outcome.failed_nodes.append(reply.node_id)
             outcome.notes.append(f"node {reply.node_id} sent a malformed answer, ignored: {err}")
@@ -107,7 +122,7 @@ class GsWganStrategy(Strategy):
             return None
         ledger = self.ledgers.setdefault(answer.client_id, PrivacyLedger())
         ledger.record(PrivacyEvent(noise_multiplier=answer.noise_multiplier, sample_rate=answer.sample_rate))
-        return answer
+        return answer, grad
 
     # --- end of run: the clients' own ledgers --------------------------------------------------
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:

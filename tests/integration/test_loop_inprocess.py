@@ -63,9 +63,10 @@ def _corrupting(node_offset: int, kind: str):
     def app(message, context):
         reply = client_app(message, context)
         if context.node_config["partition-id"] == node_offset and message.metadata.message_type == "train.gswgan":
-            grad = reply.content.array_records["arrays"]["grad"].numpy()
+            grad = np.zeros((8, 1, 28, 28), np.float32)
             bad = {"nan": np.full_like(grad, np.nan), "shape": grad[:-1]}[kind]
             reply.content["arrays"] = ArrayRecord({"grad": Array(bad)})
+            reply.content.config_records["scalars"]["grad_encoding"] = "float32"
         return reply
     return app
 
@@ -95,15 +96,17 @@ def test_resume_of_a_missing_or_corrupt_run_is_a_clear_error(tmp_path):
         RunDirectory.open_existing(run.path)
 
 
-def test_float16_wire_halves_the_tensor_bytes(tmp_path):
-    _, f32 = run_inprocess(cfg_for(tmp_path, "f32", steps=3))
-    _, f16 = run_inprocess(cfg_for(tmp_path, "f16", steps=3, wire_dtype="float16"))
+def test_lean_wire_sends_uint8_samples_and_float16_gradients(tmp_path):
+    float32 = dict(wire_samples="float32", wire_dtype="float32", wire_compression="none")
+    _, f32 = run_inprocess(cfg_for(tmp_path, "f32", steps=3, **float32))
+    _, lean = run_inprocess(cfg_for(tmp_path, "lean", steps=3, wire_compression="none"))
     B, n = 8, 2
-    up32, up16 = f32["comm"]["bytes_per_step"]["up"], f16["comm"]["bytes_per_step"]["up"]
-    down32, down16 = f32["comm"]["bytes_per_step"]["down"], f16["comm"]["bytes_per_step"]["down"]
+    up32, up16 = f32["comm"]["bytes_per_step"]["up"], lean["comm"]["bytes_per_step"]["up"]
+    down32, down8 = f32["comm"]["bytes_per_step"]["down"], lean["comm"]["bytes_per_step"]["down"]
     assert up32 - up16 == pytest.approx(B * 784 * 2, abs=64)
-    assert down32 - down16 == pytest.approx((n + 1) * B * 784 * 2, abs=64)
-    assert f16["wire_dtype"] == "float16"
+    assert down32 - down8 == pytest.approx((n + 1) * B * 784 * 3, abs=64)
+    assert lean["wire_dtype"] == "float16"
+    assert [c["epsilon"] for c in lean["clients"]] == [c["epsilon"] for c in f32["clients"]]
 
 
 def test_without_noise_the_generator_moves_toward_the_data(tmp_path):

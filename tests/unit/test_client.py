@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from client import state as client_state
-from client.discriminator import answer_query, planned_event, warm_start
-from common.codec import GsQuery, PayloadError
+from client.discriminator import answer_query, planned_event, replay_buffer, select_critic_fakes, warm_start
+from common.codec import (GsQuery, PayloadError, decode_grads, encode_samples, quantize_samples,
+                          samples_per_query)
 from common.config import ExperimentConfig
 
 
@@ -18,7 +19,7 @@ def cfg():
 
 def _query(cfg, step=0):
     rng = np.random.default_rng(step)
-    n = (cfg.n_critic + 1) * cfg.batch_size
+    n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
     return GsQuery(step=step, batch_size=cfg.batch_size,
                    fake=rng.random((n, 1, 28, 28), dtype=np.float32), labels=rng.integers(0, 10, n))
 
@@ -26,7 +27,8 @@ def _query(cfg, step=0):
 def test_answer_records_exactly_one_event(cfg):
     state = client_state.new_state(cfg, 1)
     answer = answer_query(state, cfg, _query(cfg))
-    assert not answer.refused and answer.grad.shape == (8, 1, 28, 28)
+    assert not answer.refused
+    assert decode_grads(answer.grad, answer.grad_encoding, batch_size=8).shape == (8, 1, 28, 28)
     assert state.ledger.queries == 1 and answer.queries == 1
     assert answer.noise_multiplier == pytest.approx(cfg.noise_multiplier / np.sqrt(8))
     assert answer.epsilon == pytest.approx(state.ledger.epsilon(delta=cfg.delta))
@@ -87,3 +89,68 @@ def test_warm_start_trains_d_without_privacy_cost(cfg):
     warm_start(state, warm)
     assert state.warmed_up and state.ledger.queries == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters()))
+
+
+def _grads(answer, B=8):
+    return decode_grads(answer.grad, answer.grad_encoding, batch_size=B)
+
+
+def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unchanged(cfg):
+    """Same seeded noise: the float16 answer is exactly the float16 cast of the noisy float32 one."""
+    out = {}
+    for dtype in ("float32", "float16"):
+        c = cfg.replace(wire_dtype=dtype)
+        state = client_state.new_state(c, 1)
+        out[dtype] = (answer_query(state, c, _query(c)), state.ledger)
+    (a32, led32), (a16, led16) = out["float32"], out["float16"]
+    assert a32.grad_encoding.startswith("float32") and a16.grad_encoding.startswith("float16")
+    g32, g16 = _grads(a32), _grads(a16)
+    np.testing.assert_array_equal(g16, g32.astype(np.float16).astype(np.float32))
+    assert not np.array_equal(g16, g32)
+    assert np.abs(g32).max() > 0.5  # the noise (std 2σC) is in there, not only the clipped gradient
+    assert led16.history == led32.history and a16.epsilon == a32.epsilon
+    assert a16.noise_multiplier == a32.noise_multiplier
+
+
+def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
+    q = _query(cfg)
+    levels, tag = encode_samples(q.fake, "uint8", compress=True)
+    as_uint8 = GsQuery(step=0, batch_size=8, fake=levels, labels=q.labels, fake_encoding=tag)
+    dequantized = GsQuery(step=0, batch_size=8, labels=q.labels,
+                          fake=quantize_samples(q.fake).astype(np.float32) / 255)
+    a = answer_query(client_state.new_state(cfg, 1), cfg, as_uint8)
+    b = answer_query(client_state.new_state(cfg, 1), cfg, dequantized)
+    np.testing.assert_array_equal(_grads(a), _grads(b))
+
+
+@pytest.mark.parametrize("mode", ["query", "replay"])
+def test_reused_critic_fakes_need_one_batch_per_query(cfg, mode):
+    reuse = cfg.replace(critic_fakes=mode, replay_batches=2)
+    state = client_state.new_state(reuse, 0)
+    with pytest.raises(PayloadError, match="shape"):
+        answer_query(state, reuse, _query(cfg))  # a query with fresh critic batches
+    for step in range(3):
+        assert not answer_query(state, reuse, _query(reuse, step)).refused
+    assert state.ledger.queries == 3
+    assert len(replay_buffer(state, 2)) == (2 if mode == "replay" else 0)
+
+
+def test_replay_draws_from_the_buffer_and_the_queried_batch(cfg):
+    reuse = cfg.replace(critic_fakes="replay", replay_batches=1, n_critic=4)
+    state = client_state.new_state(reuse, 0)
+    ones, zeros, y = torch.ones(8, 1, 28, 28), torch.zeros(8, 1, 28, 28), torch.zeros(8, dtype=torch.long)
+    first, _ = select_critic_fakes(state, reuse, ones, y, 8)
+    assert first.shape == (32, 1, 28, 28) and torch.all(first == 1)  # empty buffer: the queried batch
+    second, _ = select_critic_fakes(state, reuse, zeros, y, 8)
+    means = second.flatten(1).mean(dim=1)
+    assert set(means.tolist()) == {0.0, 1.0}  # buffered ones and queried zeros both used
+    assert torch.all(replay_buffer(state, 1)[0][0] == 0)  # capacity 1: only the latest kept
+
+
+def test_only_the_sanitized_gradient_leaves_a_client_unless_stats_are_asked_for(cfg):
+    """Critic statistics come from private data without noise: they must not leave by default."""
+    state = client_state.new_state(cfg, 0)
+    assert answer_query(state, cfg, _query(cfg)).stats == {}
+    debug = cfg.replace(client_stats=True)
+    stats = answer_query(client_state.new_state(debug, 0), debug, _query(debug)).stats
+    assert {"wasserstein", "grad_norm_mean", "clip_fraction"} <= set(stats)

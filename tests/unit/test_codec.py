@@ -1,5 +1,7 @@
 """Payload validation and the Flower adapter: round trips, bad input, and exact byte counting."""
 
+import zlib
+
 import numpy as np
 import pytest
 from flwr.app import Message
@@ -7,7 +9,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client.flower_wire import (decode_answer, decode_query, encode_answer, encode_query,
                                 message_wire_bytes)
-from common.codec import GsAnswer, GsQuery, PayloadError, to_wire, validate_answer, validate_query
+from common.codec import (GsAnswer, GsQuery, PayloadError, decode_grads, decode_labels, decode_samples,
+                          encode_grads, encode_labels, encode_samples, label_dtype, quantize_samples, to_wire,
+                          validate_answer, validate_query)
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +98,139 @@ def test_wire_bytes_cover_payload_and_halve_with_float16():
     assert 100 < b32.envelope < 2000
     # Counting is a pure function of the message: same message, same count.
     assert message_wire_bytes(m32) == b32
+
+
+# --- lean wire encodings ---------------------------------------------------------------------------
+def _samples(n=12, seed=0):
+    return np.random.default_rng(seed).random((n, 1, 28, 28), dtype=np.float32)
+
+
+@pytest.mark.parametrize("encoding, compress, tag", [
+    ("float32", False, "float32"), ("float32", True, "float32+deflate"),
+    ("uint8", False, "uint8"), ("uint8", True, "uint8+deflate"),
+])
+def test_sample_encodings_round_trip_through_the_flower_records(encoding, compress, tag):
+    x = _samples()
+    x[:, :, :14] = 0.0  # a blank half, so that deflate pays for float32 too
+    fake, got_tag = encode_samples(x, encoding, compress=compress)
+    assert got_tag == tag
+    q = GsQuery(step=1, batch_size=4, fake=fake, fake_encoding=got_tag,
+                labels=encode_labels(np.arange(12) % 10, 10))
+    decoded, labels = validate_query(decode_query(encode_query(q))[0], n_critic=2, num_classes=10)
+    assert decoded.dtype == np.float32 and decoded.shape == x.shape
+    np.testing.assert_array_equal(labels, np.arange(12) % 10)
+    if encoding == "float32":
+        np.testing.assert_array_equal(decoded, x)
+    else:  # 8-bit levels: within half a level, and exactly the dequantized levels
+        assert np.abs(decoded - x).max() <= 0.5 / 255 + 1e-7
+        np.testing.assert_array_equal(decoded, quantize_samples(x).astype(np.float32) / 255)
+
+
+@pytest.mark.parametrize("wire_dtype, compress", [("float32", False), ("float32", True),
+                                                  ("float16", False), ("float16", True)])
+def test_grad_encodings_are_exactly_the_cast(wire_dtype, compress):
+    g = np.random.default_rng(2).normal(scale=2.0, size=(4, 1, 28, 28)).astype(np.float32)
+    grad, tag = encode_grads(g, wire_dtype, compress=compress)
+    assert tag.startswith(wire_dtype) and tag.endswith("+deflate") == compress  # noise still deflates a bit
+    answer = decode_answer(encode_answer(GsAnswer(step=3, client_id=1, grad=grad, grad_encoding=tag,
+                                                  noise_multiplier=0.2, sample_rate=1.0)))
+    decoded = validate_answer(answer, batch_size=4, step=3)
+    np.testing.assert_array_equal(decoded, g.astype(wire_dtype).astype(np.float32))
+
+
+def test_float16_overflow_travels_as_float32():
+    g = np.full((4, 1, 28, 28), 1e5, np.float32)
+    grad, tag = encode_grads(g, "float16", compress=False)
+    assert tag == "float32"
+    np.testing.assert_array_equal(decode_grads(grad, tag, batch_size=4), g)
+
+
+def test_labels_use_the_smallest_integer_dtype():
+    assert label_dtype(10) == np.uint8 and label_dtype(256) == np.uint8 and label_dtype(257) == np.uint16
+    with pytest.raises(PayloadError, match="integer"):
+        decode_labels(np.zeros(4, np.float32), count=4, num_classes=10)
+
+
+def _deflated(raw: bytes) -> np.ndarray:
+    return np.frombuffer(zlib.compress(raw, 1), np.uint8)
+
+
+EXPECTED = 4 * 784  # bytes of 4 uint8 samples
+
+
+@pytest.mark.parametrize("data, encoding, match", [
+    (np.zeros((4, 1, 28, 28), np.uint8), "uint4", "unknown encoding"),
+    (np.zeros((4, 1, 28, 28), np.uint8), "uint8+gzip", "unknown encoding"),
+    (np.zeros((4, 1, 28, 28), np.float32), "uint8", "dtype float32"),
+    (np.zeros((4, 1, 28, 28), np.float64), "", "unknown encoding 'float64'"),
+    (np.zeros((3, 1, 28, 28), np.uint8), "uint8", "shape"),
+    (np.full((4, 1, 28, 28), np.inf, np.float32), "float32", "NaN or infinite"),
+    (np.zeros((2, 8), np.uint8), "uint8+deflate", "1-D uint8"),
+    (np.zeros(EXPECTED + 1, np.uint8), "uint8+deflate", "oversized"),
+    (np.frombuffer(b"not a deflate stream", np.uint8), "uint8+deflate", "corrupt"),
+    (_deflated(bytes(EXPECTED))[:-6], "uint8+deflate", "truncated"),
+    (_deflated(bytes(EXPECTED - 1)), "uint8+deflate", "truncated"),
+    (np.concatenate([_deflated(bytes(EXPECTED)), np.ones(3, np.uint8)]), "uint8+deflate", "trailing"),
+    (_deflated(bytes(EXPECTED + 1)), "uint8+deflate", "decompression bomb"),
+])
+def test_malformed_samples_are_rejected_with_the_cause(data, encoding, match):
+    with pytest.raises(PayloadError, match=match):
+        decode_samples(data, encoding, count=4)
+
+
+def test_a_decompression_bomb_is_stopped_at_the_expected_size():
+    bomb = np.frombuffer(zlib.compress(bytes(1 << 26), 9), np.uint8)  # 64 MiB of zeros in ~65 KB
+    assert bomb.size < 192 * 784
+    with pytest.raises(PayloadError, match="decompression bomb"):
+        decode_samples(bomb, "uint8+deflate", count=192)
+
+
+def test_bad_grad_encodings_are_rejected():
+    with pytest.raises(PayloadError, match="unknown encoding 'uint8'"):
+        decode_grads(np.zeros((4, 1, 28, 28), np.uint8), "uint8", batch_size=4)
+    nan16 = np.full((4, 1, 28, 28), np.nan, np.float16)
+    grad, tag = encode_grads(nan16.astype(np.float32), "float32", compress=True)
+    with pytest.raises(PayloadError, match="NaN"):
+        decode_grads(grad, tag, batch_size=4)
+    with pytest.raises(PayloadError, match="decompression bomb"):
+        decode_grads(_deflated(bytes(4 * 784 * 2 + 2)), "float16+deflate", batch_size=4)
+
+
+def test_lean_payload_bytes_at_the_paper_batch():
+    """uint8 samples + float16 gradients, uncompressed: the raw arrays plus a few KB of metadata."""
+    B, n = 32, 5
+    x = _samples((n + 1) * B)
+    fake, tag = encode_samples(x, "uint8", compress=False)
+    q = GsQuery(step=3, batch_size=B, fake=fake, fake_encoding=tag,
+                labels=encode_labels(np.arange(len(x)) % 10, 10))
+    g, gtag = encode_grads(np.random.default_rng(0).normal(size=(B, 1, 28, 28)).astype(np.float32), "float16",
+                           compress=False)
+    down = message_wire_bytes(Message(encode_query(q), dst_node_id=7, message_type="train.gswgan"))
+    answer = GsAnswer(step=3, client_id=2, grad=g, grad_encoding=gtag, noise_multiplier=0.2, sample_rate=1.0)
+    up = message_wire_bytes(Message(encode_answer(answer), dst_node_id=7, message_type="train.gswgan"))
+    raw_down, raw_up = (n + 1) * B * 785, B * 784 * 2
+    assert raw_down < down.total < raw_down + 2500
+    assert raw_up < up.total < raw_up + 2500
+
+
+def test_arrays_travel_without_the_npy_header_and_bad_raw_arrays_are_rejected():
+    from flwr.app import Array, ArrayRecord
+
+    from client.flower_wire import decode_records, encode_records, raw_array
+
+    x = np.arange(12, dtype=np.float16).reshape(3, 4)
+    arr = raw_array(x)
+    assert arr.stype == "raw" and len(arr.data) == x.nbytes  # no 128-byte .npy header
+    got, _ = decode_records(encode_records({"x": x}, {}))
+    np.testing.assert_array_equal(got["x"], x)
+    assert got["x"].dtype == np.float16 and got["x"].flags.writeable
+    legacy = encode_records({}, {})
+    legacy["arrays"] = ArrayRecord({"x": Array(x)})  # Flower's own .npy serialization still decodes
+    np.testing.assert_array_equal(decode_records(legacy)[0]["x"], x)
+    for bad, match in [(Array(dtype="float16", shape=(3, 5), stype="raw", data=x.tobytes()), "need"),
+                       (Array(dtype="nonsense", shape=(3, 4), stype="raw", data=x.tobytes()), "unknown dtype"),
+                       (Array(dtype="object", shape=(3,), stype="raw", data=b"\0" * 24), "numeric")]:
+        content = encode_records({}, {})
+        content["arrays"] = ArrayRecord({"x": bad})
+        with pytest.raises(PayloadError, match=match):
+            decode_records(content)

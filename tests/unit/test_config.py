@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"batch_size": 500}, "batch_size"),
         ({"lr_g": float("nan")}, "lr_g"),
         ({"wire_dtype": "int8"}, "wire_dtype"),
+        ({"wire_samples": "uint4"}, "wire_samples"),
+        ({"wire_compression": "gzip"}, "wire_compression"),
+        ({"critic_fakes": "stale"}, "critic_fakes"),
+        ({"replay_batches": 0}, "replay_batches"),
     ],
 )
 def test_invalid_values_name_field_and_value(change, field_name):

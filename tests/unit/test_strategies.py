@@ -8,7 +8,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from client.flower_wire import decode_query, encode_answer, encode_records
-from common.codec import GsAnswer
+from common.codec import GsAnswer, validate_query
 from common.config import ExperimentConfig
 from common.models import build_discriminator, build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
@@ -41,8 +41,30 @@ def test_gswgan_query_shape_and_uniform_labels(tmp_path):
     (out,) = s.configure_step(0, [101])
     query, _ = decode_query(out.content)
     assert out.message_type == "train.gswgan" and out.node_id == 101
-    assert query.fake.shape == ((N_CRITIC + 1) * B, 1, 28, 28) and query.batch_size == B
-    assert query.labels.min() >= 0 and query.labels.max() < 10
+    assert query.fake_encoding == "uint8+deflate" and query.labels.dtype == np.uint8
+    fakes, labels = validate_query(query, n_critic=N_CRITIC, num_classes=10)
+    assert fakes.shape == ((N_CRITIC + 1) * B, 1, 28, 28) and query.batch_size == B
+    assert labels.min() >= 0 and labels.max() < 10
+
+
+@pytest.mark.parametrize("mode", ["query", "replay"])
+def test_gswgan_reused_critic_fakes_send_only_the_queried_batch(tmp_path, mode):
+    _, s = make("gswgan", tmp_path, critic_fakes=mode)
+    (out,) = s.configure_step(0, [101])
+    fakes, labels = validate_query(decode_query(out.content)[0], n_critic=N_CRITIC, num_classes=10,
+                                   critic_fakes=mode)
+    assert fakes.shape == (B, 1, 28, 28) and labels.shape == (B,)
+
+
+def test_gswgan_sends_quantized_samples_and_keeps_the_unquantized_output_for_backprop(tmp_path):
+    """Straight-through: the client sees q(G(z)); the server backpropagates at G(z) itself."""
+    _, s = make("gswgan", tmp_path)
+    (out,) = s.configure_step(0, [101])
+    fakes, _ = validate_query(decode_query(out.content)[0], n_critic=N_CRITIC, num_classes=10)
+    attached = s._attached[101]
+    assert attached.requires_grad
+    assert torch.abs(torch.from_numpy(fakes[-B:]) - attached.detach()).max() <= 0.5 / 255 + 1e-6
+    assert not torch.equal(torch.from_numpy(fakes[-B:]), attached.detach())
 
 
 def test_gswgan_valid_answer_moves_g_and_records_the_event(tmp_path):
