@@ -340,6 +340,9 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         c["status"] = "failed" if c["client_id"] in state.failures else "ok"
         c["failure"] = state.failures.get(c["client_id"], "")
     statement = report["statement"]
+    if cfg.client_stats:
+        statement = ("NOT PRIVATE: --client-stats made clients send critic statistics computed on their data "
+                     "without noise; the epsilon below covers only the gradients. ") + statement
     run.write_json("privacy.json", {
         "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
         "epsilon_amplified": report["epsilon_amplified"],
@@ -366,6 +369,10 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         "clip": cfg.clip,
         "delta": cfg.delta,
         "wire_dtype": cfg.wire_dtype,
+        "wire_samples": cfg.wire_samples,
+        "wire_compression": cfg.wire_compression,
+        "critic_fakes": cfg.critic_fakes,
+        "client_stats": cfg.client_stats,
         "accounting": report["accounting"],
         "clients": [{k: v for k, v in c.items() if k != "ledger"} for c in report["clients"]],
         "epsilon_max": report["epsilon_max"],
