@@ -1,28 +1,42 @@
 """Per-client state that must survive across rounds: D_k, its Adam moments, the ledger, the data cursor.
 
-Flower recreates the ClientApp for every message, so the state lives on the node's disk (one
-compact file per client, written atomically after every answered query) and in a small in-process
-LRU cache keyed by (state directory, client). ``context.state`` carries only a version number; a
-cached copy is used only when its version matches, so a node whose messages land in different
-worker processes never trains a stale discriminator. RAM grows with the clients active in recent
-steps (the cache bound), not with the number of clients in the federation.
+Flower recreates the ClientApp for every message, so the state lives on the node's disk: one file
+per client (``client-00042.pt``), written atomically after every answered query and read back only
+when that client is active again. A client never queried has no file and costs nothing: its state
+is created on first contact (its non-private warm start runs then too, in ``answer_query``). A
+small in-process LRU cache keyed by (state directory, client) spares re-reading the clients of
+recent steps; ``context.state`` carries only a version number, and a cached copy is used only when
+its version matches, so a node whose messages land in different worker processes never trains a
+stale discriminator.
+
+RAM grows with the cache bound, never with the federation: with 3,400 clients and one active per
+step, a process holds at most ``CACHE_SIZE`` states. Time per step must not grow with K either,
+yet in a large federation almost every step brings a client that is not cached. So reading one
+back is cheap next to a step: the file also keeps the client's partition (uint8; rendering a
+synthetic writer costs about as much as the critic steps save), and D is rebuilt by copying a
+per-process skeleton and loading the weights rather than by constructing the spectral-norm
+network again.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
 from common.config import ExperimentConfig
-from common.data import ClientData, load_client_partition, num_classes_for
+from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 
 CACHE_SIZE = 32
+STATE_FORMAT = "fedgan.client_state/2"  # files without "format" are version 1 (no stored partition)
 
 
 @dataclass
@@ -35,36 +49,88 @@ class ClientState:
     data: ClientData
     version: int = 0
     warmed_up: bool = False
+    data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
 
 
 _CACHE: "OrderedDict[tuple[str, int], ClientState]" = OrderedDict()
+_SKELETONS: dict[tuple[str, int], torch.nn.Module] = {}
 
 
 def state_path(state_dir: str | Path, client_id: int) -> Path:
     return Path(state_dir) / f"client-{client_id:05d}.pt"
 
 
+# --- building a client ------------------------------------------------------------------------
+
+
+@contextmanager
+def _one_intraop_thread() -> Iterator[None]:
+    """Build, read and write client states on one thread: the work is tiny tensor operations
+    (spectral norm's start-up power iterations are hundreds of matrix-vector products), which
+    extra threads only slow down, by 10-20x on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _adam(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+
+
+def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
+    return torch.Generator().manual_seed(cfg.seed * 7_919 + client_id)
+
+
 def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
     """A fresh client: D initialised from a per-client seed, empty ledger, data cursor seeded."""
     torch.manual_seed(cfg.seed * 1_000_003 + client_id)
     disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg))
-    optimizer = torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
-    data_rng = torch.Generator().manual_seed(cfg.seed * 7_919 + client_id)
+    images, labels, inverted = client_arrays(cfg, client_id)
     return ClientState(
         client_id=client_id,
         discriminator=disc,
-        optimizer=optimizer,
+        optimizer=_adam(cfg, disc),
         ledger=PrivacyLedger(),
-        data_rng=data_rng,
-        data=load_client_partition(cfg, client_id),
+        data_rng=_data_rng(cfg, client_id),
+        data=client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted),
+        data_key=partition_key(cfg),
     )
+
+
+def _skeleton_copy(cfg: ExperimentConfig) -> torch.nn.Module:
+    """A D of the right shape whose values are about to be overwritten by a stored state dict.
+
+    Copying a per-process skeleton costs a millisecond; building one runs spectral norm's power
+    iterations. The skeleton is built under a forked RNG so the global stream is left as it was.
+    """
+    key = (cfg.model, num_classes_for(cfg))
+    if key not in _SKELETONS:
+        with torch.random.fork_rng(devices=[]):
+            _SKELETONS[key] = build_discriminator(cfg.model, num_classes=key[1])
+    return copy.deepcopy(_SKELETONS[key])
+
+
+# --- the file -------------------------------------------------------------------------------------
 
 
 def save_state(state: ClientState, state_dir: str | Path) -> None:
     """Write atomically: a crash mid-write leaves the previous file intact."""
     path = state_path(state_dir, state.client_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {
+    tmp = path.with_suffix(".tmp")
+    with _one_intraop_thread():
+        torch.save(_blob(state), tmp)
+    os.replace(tmp, path)
+    _remember(str(state_dir), state)
+
+
+def _blob(state: ClientState) -> dict[str, Any]:
+    """The file's content: plain containers and tensors only, so it loads with ``weights_only``."""
+    return {
+        "format": STATE_FORMAT,
         "client_id": state.client_id,
         "version": state.version,
         "warmed_up": state.warmed_up,
@@ -72,48 +138,95 @@ def save_state(state: ClientState, state_dir: str | Path) -> None:
         "optimizer": state.optimizer.state_dict(),
         "ledger": state.ledger.state_dict(),
         "data_rng": state.data_rng.get_state(),
+        "data": {
+            "key": state.data_key,
+            "images": state.data.images.squeeze(1).mul(255.0).round_().to(torch.uint8),
+            "labels": state.data.labels,
+            "inverted": state.data.inverted,
+        },
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
-    _remember(str(state_dir), state)
+
+
+def _read_blob(path: Path, client_id: int, *, mmap: bool = False) -> dict[str, Any]:
+    """The file's content, or a clear error naming the file and what to do."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        if int(blob["client_id"]) != client_id:
+            raise ValueError(f"it holds client {blob['client_id']}, not {client_id}")
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user
+        raise RuntimeError(f"client state file {path} is unreadable ({_first_line(err)}); delete it to "
+                           "restart this client from scratch (its ledger would be lost)") from err
+    return blob
+
+
+def _first_line(err: Exception) -> str:
+    """A short reason: torch's own message for a file that is not a checkpoint runs to ten lines."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
+    blob = _read_blob(path, client_id)
+    try:
+        disc = _skeleton_copy(cfg)
+        disc.load_state_dict(blob["discriminator"])
+        optimizer = _adam(cfg, disc)
+        optimizer.load_state_dict(blob["optimizer"])
+        data_rng = torch.Generator()
+        data_rng.set_state(blob["data_rng"])
+        ledger = PrivacyLedger.from_state_dict(blob["ledger"])
+    except Exception as err:  # noqa: BLE001 - e.g. a file written under another model preset
+        raise RuntimeError(f"client state file {path} does not fit this run's configuration "
+                           f"({_first_line(err)}); use a new state directory, or delete the file to "
+                           "restart this client") from err
+    data, key = _partition(cfg, client_id, blob.get("data"))
+    return ClientState(client_id=client_id, discriminator=disc, optimizer=optimizer, ledger=ledger,
+                       data_rng=data_rng, data=data, version=int(blob["version"]),
+                       warmed_up=bool(blob["warmed_up"]), data_key=key)
+
+
+def _partition(cfg: ExperimentConfig, client_id: int, stored: dict[str, Any] | None) -> tuple[ClientData, str]:
+    """The stored copy of the client's partition when it was made under the same data config,
+    else the partition loaded afresh (files of format 1 hold none)."""
+    key = partition_key(cfg)
+    if stored is not None and stored.get("key") == key:
+        data = client_data_from_arrays(stored["images"], stored["labels"], client_id=client_id,
+                                       inverted=bool(stored["inverted"]))
+        return data, key
+    images, labels, inverted = client_arrays(cfg, client_id)
+    return client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted), key
+
+
+# --- lookups ----------------------------------------------------------------------------------------
 
 
 def load_state(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> ClientState:
-    """The client's state at ``version`` (0 and no file: a new client)."""
+    """The client's state at ``version``; no file: a new client, built now (first contact)."""
     key = (str(state_dir), client_id)
     cached = _CACHE.get(key)
     if cached is not None and cached.version == version:
         _CACHE.move_to_end(key)
         return cached
     path = state_path(state_dir, client_id)
-    if not path.exists():
-        return new_state(cfg, client_id)
-    return _remember(str(state_dir), _read_state(cfg, client_id, path))
+    with _one_intraop_thread():
+        if not path.exists():
+            return new_state(cfg, client_id)
+        return _remember(str(state_dir), _read_state(cfg, client_id, path))
 
 
 def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:
-    """The client's ledger; an empty one when it never answered (no state is created for that)."""
+    """The client's ledger; an empty one when it never answered (no state is created for that).
+
+    Reads the ledger only (the file is memory-mapped, its tensors are not touched): asking every
+    client of a large federation for its ledger must not build a discriminator per client.
+    """
     cached = _CACHE.get((str(state_dir), client_id))
-    if cached is None and not state_path(state_dir, client_id).exists():
+    if cached is not None and cached.version == version:
+        return cached.ledger
+    path = state_path(state_dir, client_id)
+    if not path.exists():
         return PrivacyLedger()
-    return load_state(cfg, client_id, state_dir, version).ledger
-
-
-def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user
-        raise RuntimeError(f"client state file {path} is unreadable ({err}); delete it to restart "
-                           "this client from scratch (its ledger would be lost)") from err
-    state = new_state(cfg, client_id)
-    state.discriminator.load_state_dict(blob["discriminator"])
-    state.optimizer.load_state_dict(blob["optimizer"])
-    state.ledger = PrivacyLedger.from_state_dict(blob["ledger"])
-    state.data_rng.set_state(blob["data_rng"])
-    state.version = int(blob["version"])
-    state.warmed_up = bool(blob["warmed_up"])
-    return state
+    return PrivacyLedger.from_state_dict(_read_blob(path, client_id, mmap=True)["ledger"])
 
 
 def _remember(state_dir: str, state: ClientState) -> ClientState:

@@ -11,9 +11,11 @@ from common.data.clients import (
     class_balance,
     clear_cache,
     client_arrays,
+    client_data_from_arrays,
     client_labels,
     load_client_partition,
     num_classes_for,
+    partition_key,
     partition_sizes,
 )
 from common.data.dataset import Dataset
@@ -47,6 +49,7 @@ __all__ = [
     "class_balance",
     "clear_cache",
     "client_arrays",
+    "client_data_from_arrays",
     "client_labels",
     "data_root",
     "dataset_num_classes",
@@ -57,6 +60,7 @@ __all__ = [
     "num_classes_for",
     "partition_by_writer",
     "partition_dirichlet",
+    "partition_key",
     "partition_iid",
     "partition_shards",
     "partition_sizes",

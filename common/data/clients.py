@@ -39,9 +39,11 @@ __all__ = [
     "class_balance",
     "clear_cache",
     "client_arrays",
+    "client_data_from_arrays",
     "client_labels",
     "load_client_partition",
     "num_classes_for",
+    "partition_key",
     "partition_sizes",
 ]
 
@@ -177,13 +179,36 @@ def client_arrays(cfg: ExperimentConfig, client_id: int) -> tuple[np.ndarray, np
 def load_client_partition(cfg: ExperimentConfig, client_id: int) -> ClientData:
     """The training data client ``client_id`` holds under ``cfg``, ready for the discriminator."""
     images, labels, inverted = client_arrays(cfg, client_id)
-    tensor = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0).unsqueeze(1)
+    return client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted)
+
+
+def client_data_from_arrays(
+    images: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, *, client_id: int, inverted: bool
+) -> ClientData:
+    """uint8 ``[n, 28, 28]`` images and int64 labels as the float tensors the discriminator trains on.
+
+    Separate from ``load_client_partition`` so that a client's stored copy of its partition (see
+    ``client/state.py``) is converted exactly as a freshly rendered or read one.
+    """
+    pixels = torch.as_tensor(np.ascontiguousarray(images), dtype=torch.uint8)
     return ClientData(
-        images=tensor,
-        labels=torch.from_numpy(np.asarray(labels, dtype=np.int64)),
+        images=pixels.to(torch.float32).div_(255.0).unsqueeze(1),
+        labels=torch.as_tensor(np.asarray(labels, dtype=np.int64)),
         client_id=client_id,
         inverted=inverted,
     )
+
+
+def partition_key(cfg: ExperimentConfig) -> str:
+    """The config fields one client's partition depends on, as a string (equal keys, equal data).
+
+    A client may keep a copy of its partition beside its state; the key tells whether that copy
+    is still what ``client_arrays`` would give under ``cfg``.
+    """
+    fields = (_dataset_key(cfg), cfg.partition, cfg.num_clients, cfg.seed, cfg.invert_prob)
+    if cfg.partition == "dirichlet":
+        fields += (cfg.dirichlet_alpha, cfg.batch_size)
+    return repr(fields)
 
 
 def client_labels(cfg: ExperimentConfig, client_id: int) -> np.ndarray:

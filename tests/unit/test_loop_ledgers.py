@@ -1,0 +1,110 @@
+"""The run's hello and the end-of-run ledger fetch: chunked, and asking only who may hold a release."""
+
+import pytest
+
+from client.flower_wire import decode_records, encode_records
+from common.config import ExperimentConfig
+from server import loop
+from server.loop import LoopState, _fetch_ledgers, _handshake, handshake
+from server.reporting import RunDirectory
+from server.strategies.base import Incoming, Outgoing
+from server.transport import Exchange
+
+NODE = 1000  # node ids differ from client ids, as in Flower
+
+
+class FakeTransport:
+    """Answers hello with the node's client id (and, if told, its ledger size) and ledger queries."""
+
+    def __init__(self, num_nodes, ledger_queries=None):
+        self.ledger_queries = ledger_queries  # client id -> queries at hello; None: not reported
+        self.num_nodes = num_nodes
+        self.exchanges: list[list[Outgoing]] = []
+
+    def node_ids(self, expected):
+        return [NODE + i for i in range(self.num_nodes)]
+
+    def exchange(self, outgoing):
+        self.exchanges.append(outgoing)
+        replies = [Incoming(o.node_id, encode_records({}, self._answer(o))) for o in outgoing]
+        return Exchange(replies, {o.node_id: (10, 1) for o in outgoing}, {o.node_id: (5, 1) for o in outgoing})
+
+    def _answer(self, o):
+        cid = o.node_id - NODE
+        if o.message_type == "query.hello" and self.ledger_queries is not None:
+            return {"client_id": cid, "ledger_queries": self.ledger_queries.get(cid, 0)}
+        return {"client_id": cid}
+
+    def asked(self, message_type):
+        return sorted(o.node_id - NODE for ex in self.exchanges for o in ex if o.message_type == message_type)
+
+
+class FakeStrategy:
+    """Just the hooks the hello and the ledger fetch use."""
+
+    def __init__(self):
+        self.node_client, self.absorbed = {}, []
+
+    def bind_nodes(self, mapping):
+        self.node_client = dict(mapping)
+
+    def ledger_queries(self, nodes):
+        return [Outgoing(n, "query.ledger", encode_records({}, {})) for n in nodes]
+
+    def absorb_ledgers(self, replies):
+        self.absorbed += [int(decode_records(r.content)[1]["client_id"]) for r in replies]
+        return []
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return ExperimentConfig(num_clients=7, model="tiny", out=str(tmp_path / "run"))
+
+
+def _run(cfg, transport, queried=(), failed=()):
+    """Hello, pretend ``queried`` clients were sent a step message, then fetch the ledgers."""
+    strategy, state = FakeStrategy(), LoopState()
+    _handshake(cfg, RunDirectory.create(cfg), transport, strategy, state, transport.node_ids(cfg.num_clients))
+    for cid in queried:
+        state.comm.add_down(cid, 100, 10)
+    state.failed.update(NODE + cid for cid in failed)
+    _fetch_ledgers(cfg, transport, strategy, state)
+    return strategy, state
+
+
+def test_hello_goes_out_in_chunks_and_maps_every_node(cfg, monkeypatch):
+    monkeypatch.setattr(loop, "BROADCAST_CHUNK", 3)
+    transport = FakeTransport(7)
+    mapping, down, up = handshake(cfg, "state", transport, transport.node_ids(7))
+    assert [len(ex) for ex in transport.exchanges] == [3, 3, 1]
+    assert mapping == {NODE + i: i for i in range(7)} and (down, up) == (70, 35)
+
+
+def test_clients_that_report_nothing_are_all_asked(cfg):
+    transport = FakeTransport(7)  # today's ClientApp: the hello reply says nothing about the ledger
+    strategy, _ = _run(cfg, transport, queried=[2])
+    assert transport.asked("query.ledger") == list(range(7))
+    assert sorted(strategy.absorbed) == list(range(7))
+
+
+def test_only_queried_clients_and_prior_ledger_holders_are_asked(cfg):
+    # Client 5 answered a release before this run (say the debugging task's selection query).
+    transport = FakeTransport(7, ledger_queries={5: 1})
+    strategy, state = _run(cfg, transport, queried=[1, 3], failed=[3])
+    assert transport.asked("query.ledger") == [1, 5]  # 3 failed; 0, 2, 4, 6 provably hold nothing
+    assert sorted(strategy.absorbed) == [1, 5]
+    assert state.comm.control_down == 7 * 10 + 2 * 10
+
+
+def test_non_participants_are_never_asked(cfg):
+    transport = FakeTransport(7, ledger_queries={5: 1, 6: 2})
+    _run(cfg.replace(client_subset="1,5"), transport, queried=[1])
+    assert transport.asked("query.ledger") == [1, 5]
+
+
+def test_ledger_fetch_is_chunked(cfg, monkeypatch):
+    monkeypatch.setattr(loop, "BROADCAST_CHUNK", 2)
+    transport = FakeTransport(7)
+    _run(cfg, transport)
+    ledger_sizes = [len(ex) for ex in transport.exchanges if ex[0].message_type == "query.ledger"]
+    assert ledger_sizes == [2, 2, 2, 1]
