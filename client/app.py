@@ -79,7 +79,14 @@ def handle_hello(message: Message, context: Context) -> Message:
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
     context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir,
                                              "version": version})
-    return Message(encode_records({}, {"client_id": client_id_of(context)}), reply_to=message)
+    cid = client_id_of(context)
+    # How many releases this client's ledger already holds: the server skips the end-of-run ledger
+    # fetch only for clients it never queried AND that say 0 here (cheap: one stat when no file).
+    try:
+        queries = load_ledger(ExperimentConfig.from_mapping(config), cid, state_dir, version).queries
+    except Exception:  # noqa: BLE001 - unreadable state: say "may hold releases"; the first query reports it
+        queries = 1
+    return Message(encode_records({}, {"client_id": cid, "ledger_queries": queries}), reply_to=message)
 
 
 @app.train("gswgan")
