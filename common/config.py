@@ -151,8 +151,9 @@ class ExperimentConfig:
     )
     # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
     dataplane: str = _f(
-        "grpc", "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
-        "per node (Flower as control plane); flower = every message through Flower's runtime (seconds each)"
+        "flower", "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
+        "per node (Flower as control plane; the default of `fedgan deploy`); flower = every message through "
+        "Flower's runtime (seconds each; the default of a plain `flwr run`, which also serves Flower's simulation)"
     )
     dataplane_bind: str = _f("127.0.0.1", "deployments: address the ServerApp's data-plane server listens on")
     dataplane_port: int = _f(0, "deployments: data-plane port (0: any free port)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -35,10 +36,14 @@ class Exchange:
 class FlowerTransport:
     """Messages through a Flower Grid (simulation runtime or a real SuperLink)."""
 
-    def __init__(self, grid: Grid, *, timeout_s: float = 600.0, wait_nodes_s: float = 120.0) -> None:
+    def __init__(self, grid: Grid, *, timeout_s: float = 600.0, wait_nodes_s: float = 120.0,
+                 on_pushed: Callable[[], None] | None = None) -> None:
+        """``on_pushed`` is called after each push (the simulation runtime's wake-up, see
+        ``simulations.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
         self.grid = grid
         self.timeout_s = timeout_s
         self.wait_nodes_s = wait_nodes_s
+        self.on_pushed = on_pushed
         if hasattr(grid, "pull_interval"):
             # The in-memory grid polls for replies every 0.1 s by default; GS-WGAN exchanges
             # thousands of small messages, so poll faster.
@@ -58,9 +63,24 @@ class FlowerTransport:
         messages = [Message(o.content, dst_node_id=o.node_id, message_type=o.message_type) for o in outgoing]
         down = {o.node_id: _count(m) for o, m in zip(outgoing, messages)}
         replies_by_node: dict[int, Message] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.timeout_s):
+        for reply in self._send_and_receive(messages):
             replies_by_node[reply.metadata.src_node_id] = reply
         return _collect(outgoing, replies_by_node, down, timeout_s=self.timeout_s)
+
+    def _send_and_receive(self, messages: list[Message]) -> Iterable[Message]:
+        """``grid.send_and_receive``, with ``on_pushed`` called between the push and the pulls."""
+        if self.on_pushed is None:
+            return self.grid.send_and_receive(messages, timeout=self.timeout_s)
+        pending = set(self.grid.push_messages(messages))
+        self.on_pushed()
+        deadline, replies = time.monotonic() + self.timeout_s, []
+        while pending and time.monotonic() < deadline:
+            pulled = list(self.grid.pull_messages(pending))
+            replies += pulled
+            pending.difference_update(r.metadata.reply_to_message_id for r in pulled)
+            if pending:
+                time.sleep(getattr(self.grid, "pull_interval", 0.002))
+        return replies
 
 
 class InProcessTransport:

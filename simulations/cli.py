@@ -150,6 +150,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         check_tools()
         if args.auth and not args.tls:
             raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+        from common.config import load_toml_values
+
+        in_toml = bool(args.config) and "dataplane" in load_toml_values(args.config)
+        if "dataplane" not in vars(args) and not in_toml:
+            args.dataplane = "grpc"  # a deployment's default: Flower as control plane only
         cfg = prepare(resolve_config(args))
         _check_fresh_run_dir(cfg)
     except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:

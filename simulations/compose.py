@@ -219,7 +219,7 @@ def tls_run_config(dataplane_port: int | str) -> str:
     the SuperNodes' ``dataplane-address`` names.
     """
     certs = CERTS_IN_CONTAINER
-    return (f"dataplane-bind='0.0.0.0' dataplane-port={dataplane_port} "
+    return (f"dataplane='grpc' dataplane-bind='0.0.0.0' dataplane-port={dataplane_port} "
             f"dataplane-tls-cert='{certs}/server.pem' dataplane-tls-key='{certs}/server.key' "
             f"dataplane-tls-ca='{certs}/ca.crt'")
 

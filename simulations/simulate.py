@@ -88,14 +88,18 @@ def run_on_transport(num_clients: int, server_fn: Callable[[Any], T], transport:
 
     from server.app import RunResult, make_server_app
 
+    from .flower_tuning import prompt_message_delivery, run_client_actors_at_normal_priority
+
     _quiet_flower()
+    run_client_actors_at_normal_priority()
     result = RunResult()
     cpus = os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True}}
     try:
-        run_simulation(server_app=make_server_app(server_fn, result), client_app=client_app,
-                       num_supernodes=num_clients, backend_config=backend)
+        with prompt_message_delivery() as on_pushed:
+            run_simulation(server_app=make_server_app(server_fn, result, on_pushed=on_pushed),
+                           client_app=client_app, num_supernodes=num_clients, backend_config=backend)
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
     return result.summary, result.error
