@@ -95,7 +95,7 @@ def test_tls_and_auth_reject_an_unregistered_supernode(tmp_path):
         nodes = dep.flwr("supernode", "list", "fedgan-local", "--format", "json")["nodes"]
         assert len(nodes) == 3
 
-        cfg = ExperimentConfig(num_clients=3, steps=2, model="tiny", batch_size=8, n_critic=1,
+        cfg = ExperimentConfig(num_clients=3, steps=2, model="tiny", batch_size=8, n_critic=1, dataplane="grpc",
                                synthetic_samples_per_writer=24, eval=False, progress=False,
                                out=str(tmp_path / "run"), data_dir=str(tmp_path / "data"))
         assert run_on_deployment(dep, cfg) == 0
