@@ -13,7 +13,7 @@ import json
 import os
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from common.config import ExperimentConfig

@@ -72,6 +72,14 @@ def message_wire_bytes(message: Message) -> WireBytes:
     return WireBytes(payload=payload, envelope=envelope)
 
 
+def runtime_message(content: RecordDict, dst_node_id: int, message_type: str) -> Message:
+    """A request as Flower's runtime hands it to a ClientApp: with its message id (the content's
+    object id) set, so that replies can name it. For transports that bypass the runtime."""
+    message = Message(content, dst_node_id=dst_node_id, message_type=message_type)
+    message.metadata.__dict__["_message_id"] = message.object_id
+    return message
+
+
 def encode_records(arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> RecordDict:
     content = RecordDict({SCALARS_KEY: ConfigRecord(dict(scalars))})
     if arrays:

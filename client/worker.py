@@ -98,7 +98,7 @@ class Worker:
                     self.outbox.put(pb.NodeMessage(reply=self._answer(message.request)))
             return "stream closed by the server"
         except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the server is gone
-            return f"stream ended: {getattr(err, 'details', lambda: err)()}"
+            return f"stream ended: {err.details() if hasattr(err, 'details') else err}"
         finally:
             self.outbox.put(None)
             channel.close()
@@ -117,17 +117,15 @@ class Worker:
                 return
 
     def _answer(self, request):
-        from flwr.app import Message
         from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
         from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
+        from client.flower_wire import runtime_message
         from protos import dataplane_pb2 as pb
 
         proto = RecordDictProto()
         proto.ParseFromString(request.content)
-        message = Message(recorddict_from_proto(proto), dst_node_id=self.spec["node_id"],
-                          message_type=request.message_type)
-        message.metadata.__dict__["_message_id"] = message.object_id
+        message = runtime_message(recorddict_from_proto(proto), self.spec["node_id"], request.message_type)
         try:
             reply = self.app(message, self.context)
         except Exception as err:  # noqa: BLE001 - reported to the server, which drops this node

@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from flwr.app import Error, Message, RecordDict
+from flwr.app import Error, Message
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from client.flower_wire import decode_records, encode_records
+from client.flower_wire import decode_records, encode_records, runtime_message
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 
-from .strategies.base import Incoming, Outgoing
-from .transport import Exchange, FlowerTransport, _count
+from .strategies.base import Outgoing
+from .transport import Exchange, FlowerTransport, _collect, _count
 
 MSG_DATAPLANE = "query.dataplane"
 MAX_MESSAGE = 256 * 1024 * 1024
@@ -226,8 +226,7 @@ class GrpcTransport:
         sent: dict[int, tuple[int, Message, Session | None]] = {}
         down = {}
         for o in outgoing:
-            message = Message(o.content, dst_node_id=o.node_id, message_type=o.message_type)
-            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's runtime does
+            message = runtime_message(o.content, o.node_id, o.message_type)
             down[o.node_id] = _count(message)
             self._seq += 1
             session = self.servicer.sessions.get(o.node_id)
@@ -239,24 +238,22 @@ class GrpcTransport:
         return self._collect(outgoing, sent, down)
 
     def _collect(self, outgoing: list[Outgoing], sent, down) -> Exchange:
+        """The replies as Flower messages (so they are counted like the Flower path's), then the
+        transports' shared ``_collect``."""
         deadline = time.monotonic() + self.settings.reply_timeout_s
-        incoming, up = [], {}
+        replies, missing = {}, {}
         for o in outgoing:
             seq, request, session = sent[o.node_id]
             envelope, why = self._await(session, seq, deadline)
             if envelope is None:
-                incoming.append(Incoming(o.node_id, None, why))
-                continue
-            if envelope.error:
-                reply = Message(Error(code=0, reason=envelope.error), reply_to=request)
-                incoming.append(Incoming(o.node_id, None, f"client error: {envelope.error}"))
+                missing[o.node_id] = why
+            elif envelope.error:
+                replies[o.node_id] = Message(Error(code=0, reason=envelope.error), reply_to=request)
             else:
                 proto = RecordDictProto()
                 proto.ParseFromString(envelope.content)
-                reply = Message(recorddict_from_proto(proto), reply_to=request)
-                incoming.append(Incoming(o.node_id, reply.content))
-            up[o.node_id] = _count(reply)
-        return Exchange(incoming, down, up)
+                replies[o.node_id] = Message(recorddict_from_proto(proto), reply_to=request)
+        return _collect(outgoing, replies, down, missing=missing)
 
     def _await(self, session: Session | None, seq: int, deadline: float) -> tuple[pb.Envelope | None, str]:
         if session is None:

@@ -15,7 +15,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-from client.flower_wire import message_wire_bytes
+from client.flower_wire import message_wire_bytes, runtime_message
 
 from .strategies.base import Incoming, Outgoing
 
@@ -65,7 +65,7 @@ class FlowerTransport:
         replies_by_node: dict[int, Message] = {}
         for reply in self._send_and_receive(messages):
             replies_by_node[reply.metadata.src_node_id] = reply
-        return _collect(outgoing, replies_by_node, down, timeout_s=self.timeout_s)
+        return _collect(outgoing, replies_by_node, down, missing=f"no reply within {self.timeout_s:.0f} s")
 
     def _send_and_receive(self, messages: list[Message]) -> Iterable[Message]:
         """``grid.send_and_receive``, with ``on_pushed`` called between the push and the pulls."""
@@ -106,11 +106,10 @@ class InProcessTransport:
     def exchange(self, outgoing: list[Outgoing]) -> Exchange:
         down, replies = {}, {}
         for o in outgoing:
-            message = Message(o.content, dst_node_id=o.node_id, message_type=o.message_type)
-            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's runtime does
+            message = runtime_message(o.content, o.node_id, o.message_type)
             down[o.node_id] = _count(message)
             replies[o.node_id] = self.app(message, self.contexts[o.node_id])
-        return _collect(outgoing, replies, down, timeout_s=0)
+        return _collect(outgoing, replies, down)
 
 
 def _count(message: Message) -> tuple[int, int]:
@@ -118,17 +117,19 @@ def _count(message: Message) -> tuple[int, int]:
     return wire.total, wire.envelope
 
 
-def _collect(outgoing: list[Outgoing], replies: dict[int, Message],
-             down: dict[int, tuple[int, int]], *, timeout_s: float) -> Exchange:
+def _collect(outgoing: list[Outgoing], replies: dict[int, Message], down: dict[int, tuple[int, int]], *,
+             missing: str | dict[int, str] = "no reply") -> Exchange:
+    """Replies (or why there is none: ``missing``, one reason for all or per node) and their bytes."""
     incoming, up = [], {}
     for o in outgoing:
         reply = replies.get(o.node_id)
         if reply is None:
-            incoming.append(Incoming(o.node_id, None, f"no reply within {timeout_s:.0f} s"))
-        elif reply.has_error():
+            why = missing if isinstance(missing, str) else missing.get(o.node_id, "no reply")
+            incoming.append(Incoming(o.node_id, None, why))
+            continue
+        up[o.node_id] = _count(reply)
+        if reply.has_error():
             incoming.append(Incoming(o.node_id, None, f"client error: {reply.error.reason}"))
-            up[o.node_id] = _count(reply)
         else:
             incoming.append(Incoming(o.node_id, reply.content))
-            up[o.node_id] = _count(reply)
     return Exchange(incoming, down, up)

@@ -17,7 +17,7 @@ from torch import nn
 from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.models import GeneratorEMA, build_generator
-from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy import PrivacyLedger
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
 
