@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +48,8 @@ class LoopState:
     step_times: list[float] = field(default_factory=list)  # wall seconds of each generator step
     failures: dict[int, str] = field(default_factory=dict)  # client id -> why it was dropped
     progress_at: float = 0.0
+    # Clients whose ledger the hello found not empty (or could not rule out); None: not known.
+    ledger_holders: frozenset[int] | None = None
 
 
 def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
@@ -135,18 +136,13 @@ def _exchange_in_chunks(transport: Transport, outgoing: list[Outgoing]) -> Excha
                     bytes_up={n: b for p in parts for n, b in p.bytes_up.items()})
 
 
-# Clients whose ledger a run's hello found not empty (or could not rule out), per strategy object:
-# what ``_handshake`` learns and ``_fetch_ledgers`` needs, which run_experiment does not pass along.
-_LEDGER_HOLDERS: "weakref.WeakKeyDictionary[Strategy, frozenset[int]]" = weakref.WeakKeyDictionary()
-
-
 def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
                state: LoopState, nodes: list[int]) -> list[int]:
     """Hello to every node; returns the nodes ordered by client id, so that the server's sampling
     (and thus the whole run) depends on the seed only, not on the node ids a runtime assigns."""
     hello = _hello(cfg, str(run.state_dir), transport, nodes)
     strategy.bind_nodes(hello.mapping)
-    _LEDGER_HOLDERS[strategy] = hello.ledger_holders
+    state.ledger_holders = hello.ledger_holders
     state.comm.add_control(hello.bytes_down, hello.bytes_up)
     return sorted(nodes, key=hello.mapping.__getitem__)
 
@@ -321,7 +317,7 @@ def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strate
     """
     allowed = set(cfg.participants())
     queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
-    holders = _LEDGER_HOLDERS.get(strategy)
+    holders = state.ledger_holders
     nodes = [n for n, cid in strategy.node_client.items()
              if n not in state.failed and cid in allowed and (holders is None or cid in holders or cid in queried)]
     queries = strategy.ledger_queries(nodes)
