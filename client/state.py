@@ -24,7 +24,7 @@ import copy
 import os
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -50,6 +50,7 @@ class ClientState:
     version: int = 0
     warmed_up: bool = False
     data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
+    packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
 
 
 _CACHE: "OrderedDict[tuple[str, int], ClientState]" = OrderedDict()
@@ -138,13 +139,21 @@ def _blob(state: ClientState) -> dict[str, Any]:
         "optimizer": state.optimizer.state_dict(),
         "ledger": state.ledger.state_dict(),
         "data_rng": state.data_rng.get_state(),
-        "data": {
+        "data": _packed_data(state),
+    }
+
+
+def _packed_data(state: ClientState) -> dict[str, Any]:
+    """The partition as the file stores it (uint8): made once per state, not at every save (each
+    answered query saves), since a client's partition never changes."""
+    if state.packed_data is None:
+        state.packed_data = {
             "key": state.data_key,
             "images": state.data.images.squeeze(1).mul(255.0).round_().to(torch.uint8),
             "labels": state.data.labels,
             "inverted": state.data.inverted,
-        },
-    }
+        }
+    return state.packed_data
 
 
 def _read_blob(path: Path, client_id: int, *, mmap: bool = False) -> dict[str, Any]:
@@ -179,10 +188,12 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
         raise RuntimeError(f"client state file {path} does not fit this run's configuration "
                            f"({_first_line(err)}); use a new state directory, or delete the file to "
                            "restart this client") from err
-    data, key = _partition(cfg, client_id, blob.get("data"))
+    stored = blob.get("data")
+    data, key = _partition(cfg, client_id, stored)
     return ClientState(client_id=client_id, discriminator=disc, optimizer=optimizer, ledger=ledger,
                        data_rng=data_rng, data=data, version=int(blob["version"]),
-                       warmed_up=bool(blob["warmed_up"]), data_key=key)
+                       warmed_up=bool(blob["warmed_up"]), data_key=key,
+                       packed_data=stored if stored is not None and stored.get("key") == key else None)
 
 
 def _partition(cfg: ExperimentConfig, client_id: int, stored: dict[str, Any] | None) -> tuple[ClientData, str]:
