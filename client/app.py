@@ -197,7 +197,7 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     import subprocess
     import sys
 
-    from .worker import LOCK_DIR, is_running
+    from .worker import is_running, log_path
 
     _, setup = decode_records(message.content)
     run_id, node_id = int(setup["run_id"]), context.node_id
@@ -206,8 +206,7 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     address = str(context.node_config.get("dataplane-address") or setup["address"])
     spec = {"address": address, "token": str(setup["token"]), "run_id": run_id, "node_id": node_id,
             "ca": str(setup["ca"]), "idle_s": float(setup["idle_s"]), "node_config": dict(context.node_config)}
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_DIR / f"{run_id}-{node_id}.log", "ab") as log:
+    with open(log_path(run_id, node_id), "ab") as log:  # is_running made the folder
         worker = subprocess.Popen([sys.executable, "-m", "client.worker"], stdin=subprocess.PIPE, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     worker.stdin.write(json.dumps(spec).encode())

@@ -31,6 +31,10 @@ def lock_path(run_id: int, node_id: int) -> Path:
     return LOCK_DIR / f"{run_id}-{node_id}.lock"
 
 
+def log_path(run_id: int, node_id: int) -> Path:
+    return LOCK_DIR / f"{run_id}-{node_id}.log"
+
+
 def try_lock(path: Path) -> BinaryIO | None:
     """The open, exclusively locked file, or None when another worker holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,9 +58,9 @@ def is_running(run_id: int, node_id: int) -> bool:
 def _channel(address: str, ca: str):
     import grpc
 
-    from server.dataplane import MAX_MESSAGE, is_loopback
+    from common.net import MAX_GRPC_MESSAGE, is_loopback
 
-    options = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
+    options = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE), ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE)]
     if ca:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca.encode()), options)
     if not is_loopback(address.rsplit(":", 1)[0].strip("[]")):

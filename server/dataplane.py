@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import queue
 import secrets
 import threading
@@ -32,6 +31,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from client.flower_wire import decode_records, encode_records, runtime_message
+from common.net import MAX_GRPC_MESSAGE, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 
@@ -39,7 +39,6 @@ from .strategies.base import Outgoing
 from .transport import Exchange, FlowerTransport, _collect, _count
 
 MSG_DATAPLANE = "query.dataplane"
-MAX_MESSAGE = 256 * 1024 * 1024
 
 
 class DataPlaneError(RuntimeError):
@@ -49,13 +48,6 @@ class DataPlaneError(RuntimeError):
 def node_token(secret: bytes, run_id: int, node_id: int) -> str:
     """The token node ``node_id`` must present: an HMAC, so it is worthless for any other run or node."""
     return hmac.new(secret, f"{run_id}:{node_id}".encode(), hashlib.sha256).hexdigest()
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 @dataclass
@@ -171,7 +163,7 @@ class GrpcTransport:
                                  f"{host}) without TLS: set dataplane-tls-cert/-key/-ca")
         self.servicer = DataPlaneServicer(self.run_id, self.secret, set(nodes))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(nodes) + 8), options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)])
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE), ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE)])
         pb_grpc.add_DataPlaneServicer_to_server(self.servicer, self.server)
         target = f"{s.bind}:{s.port}"
         if s.tls_cert:

@@ -72,6 +72,19 @@ STATE_DIR_FILE = "state_dir.txt"
 DEPLOY_DIR = "deploy"  # `fedgan deploy` keeps its processes' logs and keys here, made before the run
 
 
+def check_new_run_dir(path: Path) -> None:
+    """A new run may start in ``path``: it holds no run and nothing else (but ``fedgan deploy``'s
+    own ``deploy/`` folder, made before the ServerApp creates the run)."""
+    if (path / CHECKPOINT).exists():
+        raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
+                                "or choose another --out")
+    if path.exists() and any(p.name != DEPLOY_DIR for p in path.iterdir()):
+        # A run that died before its first checkpoint leaves client state (and spent privacy)
+        # behind; a new run must not silently inherit it.
+        raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "
+                                "checkpoint?); delete it or choose another --out")
+
+
 class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
@@ -81,14 +94,7 @@ class RunDirectory:
         """A new run directory; ``state_dir`` lets several runs share the clients' state (and so
         their ledgers), as the debugging task's selection and training runs do."""
         path = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)
-        if (path / CHECKPOINT).exists():
-            raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
-                                    "or choose another --out")
-        if path.exists() and any(p.name != DEPLOY_DIR for p in path.iterdir()):
-            # A run that died before its first checkpoint leaves client state (and spent privacy)
-            # behind; a new run must not silently inherit it.
-            raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "
-                                    "checkpoint?); delete it or choose another --out")
+        check_new_run_dir(path)
         run = cls(path)
         (run.path / "samples").mkdir(parents=True, exist_ok=True)
         (run.path / "clients").mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from common.config import ConfigError, ExperimentConfig
 
@@ -142,21 +142,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from common.data import DataError
 
-    from server.reporting import RunDirectoryError
+    from server.reporting import RunDirectoryError, check_new_run_dir
 
-    from .deploy import DeployError, check_tools, deploy_local
+    from .deploy import DeployError, check_options, check_tools, deploy_local
 
     try:
         check_tools()
-        if args.auth and not args.tls:
-            raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+        check_options(tls=args.tls, auth=args.auth, use_netns=args.netns)
         from common.config import load_toml_values
 
         in_toml = bool(args.config) and "dataplane" in load_toml_values(args.config)
         if "dataplane" not in vars(args) and not in_toml:
             args.dataplane = "grpc"  # a deployment's default: Flower as control plane only
         cfg = prepare(resolve_config(args))
-        _check_fresh_run_dir(cfg)
+        if cfg.out:  # the ServerApp makes the run directory; fail before starting any process
+            check_new_run_dir(Path(cfg.out))
     except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -165,15 +165,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except DeployError as err:
         print(f"fedgan: deployment failed: {err}", file=sys.stderr)
         return 1
-
-
-def _check_fresh_run_dir(cfg: ExperimentConfig) -> None:
-    """``fedgan deploy`` starts a new run (the ServerApp makes the directory); fail before starting
-    any process if ``--out`` already holds something."""
-    from server.reporting import RunDirectoryError
-
-    if cfg.out and Path(cfg.out).exists() and any(Path(cfg.out).iterdir()):
-        raise RunDirectoryError(f"{cfg.out} is not empty; choose another --out")
 
 
 def _resume_target(args: argparse.Namespace):

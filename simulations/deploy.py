@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common.config import ExperimentConfig
+from common.data import data_root
 
 from . import netns, pki
 from .processes import spawn, terminate
@@ -66,6 +67,14 @@ def tail(log: Path, lines: int = 15) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"(no log at {log})"
+
+
+def check_options(*, tls: bool, auth: bool, use_netns: bool) -> None:
+    """Options that cannot work together or here; raised before any process starts."""
+    if auth and not tls:
+        raise DeployError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    if use_netns and not netns.available():
+        raise DeployError("--netns needs root and iproute2's `ip` command")
 
 
 @dataclass
@@ -118,13 +127,10 @@ class LocalDeployment:
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.use_netns and not netns.available():
-            raise DeployError("--netns needs root and iproute2's `ip` command")
-        if self.auth and not self.tls:
-            raise DeployError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+        check_options(tls=self.tls, auth=self.auth, use_netns=self.use_netns)
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
-        hosts = [netns_host for netns_host in self._make_hosts()]
+        hosts = [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
         if self.tls:
             self.tls_files = pki.make_tls(self.workdir / "certs", hosts=["localhost", "127.0.0.1"]
                                           + [h.host_ip for h in hosts])
@@ -133,9 +139,6 @@ class LocalDeployment:
         keys = self._register_keys() if self.auth else [None] * self.num_nodes
         for i in range(self.num_nodes):
             self.nodes.append(self.start_supernode(i, key=keys[i], host=hosts[i] if hosts else None))
-
-    def _make_hosts(self) -> list[netns.Host]:
-        return [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
 
     def _start_superlink(self) -> None:
         args = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
@@ -313,7 +316,7 @@ def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: boo
     from server.reporting import DEPLOY_DIR, next_run_dir
 
     run_path = (Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)).resolve()
-    cfg = cfg.replace(out=str(run_path), data_dir=str(_data_root(cfg)))
+    cfg = cfg.replace(out=str(run_path), data_dir=str(data_root(cfg.data_dir)))
     print(f"run directory: {run_path}", flush=True)
     with LocalDeployment(run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns) as dep:
         print(f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
@@ -361,16 +364,10 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
         print(f"fedgan: run not completed: {summary['status']} (Flower: {info['status']})", file=sys.stderr)
         return EXIT_STOPPED
     if cfg.eval:
-        from .simulate import _evaluate_at_end
+        from .simulate import evaluate_at_end
 
-        return _evaluate_at_end(cfg, RunDirectory(run_path))
+        return evaluate_at_end(cfg, RunDirectory(run_path))
     return EXIT_COMPLETED
-
-
-def _data_root(cfg: ExperimentConfig) -> Path:
-    from common.data import data_root
-
-    return data_root(cfg.data_dir)
 
 
 def _follow(dep: LocalDeployment, run_id: str, run_path: Path, cfg: ExperimentConfig) -> dict[str, Any]:

@@ -35,12 +35,12 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         return EXIT_FAILED
     print_summary(summary)
     if summary["status"] == "completed":
-        return _evaluate_at_end(cfg, run) if cfg.eval else EXIT_COMPLETED
+        return evaluate_at_end(cfg, run) if cfg.eval else EXIT_COMPLETED
     print(f"fedgan: run not completed: {summary['status']} (resume with --resume {run.path})", file=sys.stderr)
     return EXIT_INTERRUPTED if summary["status"] == "interrupted" else EXIT_STOPPED
 
 
-def _evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
+def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
     """The run completed; evaluate its generator (a failure here leaves the run intact)."""
     from .evaluate import evaluate_run, print_eval
 
