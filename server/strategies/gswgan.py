@@ -38,6 +38,11 @@ MSG_QUERY = "train.gswgan"
 MSG_LEDGER = "query.ledger"
 
 
+# The ledger of every client never queried: read-only, shared so its (zero) ε is computed once,
+# not once per client per metrics line (3,400 clients in a FEMNIST-sized federation).
+_NO_RELEASES = PrivacyLedger()
+
+
 class GsWganStrategy(Strategy):
     name = "gswgan"
 
@@ -174,7 +179,7 @@ class GsWganStrategy(Strategy):
 
     def _ledger_of(self, cid: int) -> PrivacyLedger:
         """The client's own ledger when fetched, else the server's mirror of it."""
-        return self.authoritative.get(cid) or self.ledgers.get(cid) or PrivacyLedger()
+        return self.authoritative.get(cid) or self.ledgers.get(cid) or _NO_RELEASES
 
     def _amplified(self) -> dict[str, Any]:
         cfg = self.cfg
