@@ -3,7 +3,6 @@ transport (the deployment tests run it under a real SuperLink): same results as 
 tokens, TLS, and every way a worker must end (shutdown, stream closed, idle, stopped run)."""
 
 import time
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from scipy import linalg
 
 from common.data import synthetic_dataset
 from common.evaluation.fid import (

@@ -4,7 +4,6 @@ Computed on the domain classifier's features (fast); the Inception path is exerc
 test_eval_fid.py on a handful of images.
 """
 
-import numpy as np
 import pytest
 import torch
 

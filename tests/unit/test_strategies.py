@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord
 from client.flower_wire import decode_query, encode_answer, encode_records
 from common.codec import GsAnswer, validate_query
 from common.config import ExperimentConfig
-from common.models import build_discriminator, build_generator
+from common.models import build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
 from server.strategies import build_strategy
 from server.strategies.base import Incoming
