@@ -6,15 +6,13 @@ stops helping (every step waits for the runtime's 0.1 s poll again): revisit it,
 
 import inspect
 import os
-import statistics
 import threading
-import time
 from queue import Queue
 
 from flwr.server.superlink.fleet.vce import vce_api
 
 from server.transport import FlowerTransport
-from simulations.flower_tuning import FEEDER_NAME, FEEDER_PARAMS, prompt_message_delivery
+from simulations.flower_tuning import FEEDER_NAME, FEEDER_PARAMS, _WakeOnPush, prompt_message_delivery
 
 
 class FakeState:
@@ -56,29 +54,38 @@ def test_flower_feeder_sleeps_on_its_stop_event():
     assert len(stop.waits) == 2 and all(t is not None and t > 0 for t in stop.waits)
 
 
-def _delivery_latency_s(state: FakeState, queue: Queue, notify) -> float:
-    time.sleep(0.03)  # let the feeder settle into its wait
-    started = time.monotonic()
+def _deliver(state: FakeState, queue: Queue, notify) -> None:
+    """Push one message into the store, signal it, and see the feeder hand it on."""
     with state.lock:
         state.pending.append("message")
     notify()
     assert queue.get(timeout=5) == "message"
-    return time.monotonic() - started
 
 
-def test_a_push_wakes_the_feeder_at_once_and_the_feeder_is_restored():
+def test_a_push_ends_the_feeders_wait_whatever_its_timeout():
+    """Deterministic form of "delivered at once": a wait of a minute ends when a push is signalled
+    (how fast that is in practice is bench/step_overhead.py's business, not a test's)."""
+    stop, pushed = threading.Event(), threading.Event()
+    waiting = threading.Thread(target=_WakeOnPush(stop, pushed).wait, args=(60.0,))
+    waiting.start()
+    pushed.set()
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    assert not pushed.is_set()  # consumed, so the next wait sleeps until the next push
+
+
+def test_the_wrapped_feeder_delivers_and_the_original_is_restored():
     original = getattr(vce_api, FEEDER_NAME)
     state, queue, stop = FakeState(), Queue(), threading.Event()
     with prompt_message_delivery() as notify:
         feeder = threading.Thread(target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {1: 0}, stop))
         feeder.start()
-        latencies = [_delivery_latency_s(state, queue, notify) for _ in range(7)]
+        for _ in range(3):
+            _deliver(state, queue, notify)
         stop.set()
         feeder.join(timeout=5)
     assert not feeder.is_alive()
     assert getattr(vce_api, FEEDER_NAME) is original
-    # Flower's own poll gives 50 ms on average (uniform in 0-100 ms); a wake-up takes well under 1 ms
-    assert statistics.median(latencies) < 0.02, latencies
 
 
 def test_unwoken_feeder_still_delivers_on_flowers_poll():
@@ -86,10 +93,10 @@ def test_unwoken_feeder_still_delivers_on_flowers_poll():
     with prompt_message_delivery():
         feeder = threading.Thread(target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {1: 0}, stop))
         feeder.start()
-        latency = _delivery_latency_s(state, queue, lambda: None)
+        _deliver(state, queue, lambda: None)
         stop.set()
         feeder.join(timeout=5)
-    assert latency < 1.0
+    assert not feeder.is_alive()
 
 
 class FakeGrid:
