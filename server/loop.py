@@ -240,8 +240,10 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         record = _metrics_record(strategy, state)
         run.append_metrics(record)
         eps_max = record["privacy/epsilon_max"]
-        bar.set_postfix(eps_max="unbounded" if eps_max is None else f"{eps_max:.3g}",
-                        w=f"{record.get('train/wasserstein', float('nan')):.3g}")
+        postfix = {"eps_max": "unbounded" if eps_max is None else f"{eps_max:.3g}"}
+        if "train/wasserstein" in record:  # only with --client-stats: clients keep it private otherwise
+            postfix["w"] = f"{record['train/wasserstein']:.3g}"
+        bar.set_postfix(postfix)
     if step % cfg.sample_every == 0 or step == cfg.steps:
         run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
     if step % cfg.checkpoint_every == 0:
