@@ -4,6 +4,10 @@
 ledger (the authority on what it has spent); ``query.hello`` (sent to every node when a run starts
 or resumes) carries the run's configuration and the directory for the node's state, which the node
 keeps in ``context.state`` so that the per-step messages stay small, and returns the node's client id.
+
+The server is not trusted with the node's privacy: the node checks the run's configuration against
+its own policy (``common/privacy/policy.py``: node config, a policy file, or defaults) at the hello
+and again before every release, and refuses, saying why, what the policy does not allow.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from common.codec import GsAnswer
 from common.config import ExperimentConfig
-from common.data import ClientData, load_client_partition
+from common.privacy import NodePolicy, PolicyError, PrivacyEvent, PrivacyLedger, load_policy
 
 from .discriminator import answer_query
 from .flower_wire import decode_query, decode_records, encode_answer, encode_records
-from .state import CACHE_SIZE, ClientState, load_ledger, load_state, save_state
+from .state import ClientState, load_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
 app = ClientApp()
@@ -58,15 +63,50 @@ def _persist(record: ConfigRecord, state: ClientState) -> None:
     record["version"] = state.version
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def _partition(cfg: ExperimentConfig, client_id: int) -> ClientData:
-    """Stateless strategies (fedavg-gan) need the data every round: read or render it once."""
-    return load_client_partition(cfg, client_id)
+def node_policy(context: Context) -> tuple[NodePolicy, str]:
+    """(this node's privacy policy, "") or (the defaults, why the policy could not be used): a
+    node whose policy is broken refuses everything rather than fall back to looser defaults."""
+    key = tuple(sorted((k, str(v)) for k, v in context.node_config.items()))
+    env = os.environ.get("FEDGAN_NODE_POLICY", "")
+    return _cached_policy(key, env, _mtime(env), _mtime(str(context.node_config.get("privacy-policy", ""))))
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime if path else 0.0
+    except OSError:
+        return -1.0
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_policy(node_config: tuple, env: str, _env_mtime: float, _file_mtime: float) -> tuple[NodePolicy, str]:
+    try:
+        return load_policy(dict(node_config), {"FEDGAN_NODE_POLICY": env} if env else {}), ""
+    except PolicyError as err:
+        return NodePolicy(), str(err)
+
+
+def policy_refusal(context: Context, cfg: ExperimentConfig) -> str:
+    """Why this node refuses the run (""), per its own policy."""
+    policy, problem = node_policy(context)
+    reasons = [problem] if problem else policy.violations(cfg)
+    return "; ".join(reasons) + f" [{policy.source}]" if reasons else ""
+
+
+def own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str, version: int) -> PrivacyLedger:
+    """The ledger of everything this node released in ``state_dir``: the DPGAN curator's steps, or
+    the client's answers (GS-WGAN, the selection query, Fed-Avg's raw deltas)."""
+    if cfg.strategy == "dpgan":
+        from .dpgan_node import load_ledger as dpgan_ledger
+
+        return dpgan_ledger(state_dir)
+    return load_ledger(cfg, client_id, state_dir, version)
 
 
 @app.query("hello")
 def handle_hello(message: Message, context: Context) -> Message:
-    """Keep the run's configuration and state directory; answer with this node's client id.
+    """Check the run against this node's policy; keep its configuration and state directory;
+    answer with this node's client id and, when it holds releases, its ledger.
 
     A SuperNode may override where its private state and its data live (node config ``state-dir``,
     ``data-dir``): in a real deployment the node's disk is not the server's.
@@ -75,18 +115,29 @@ def handle_hello(message: Message, context: Context) -> Message:
     config = json.loads(str(setup["config"]))
     if "data-dir" in context.node_config:
         config["data_dir"] = str(context.node_config["data-dir"])
+    cid = client_id_of(context)
+    cfg = ExperimentConfig.from_mapping(config)
+    refusal = policy_refusal(context, cfg)
+    if refusal:
+        if STATE_KEY in context.state:
+            del context.state[STATE_KEY]  # no query of this run will be answered
+        return Message(encode_records({}, {"client_id": cid, "refused": True, "reason": refusal}), reply_to=message)
     state_dir = str(context.node_config.get("state-dir") or setup["state_dir"])
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
     context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir,
                                              "version": version})
-    cid = client_id_of(context)
-    # How many releases this client's ledger already holds: the server skips the end-of-run ledger
-    # fetch only for clients it never queried AND that say 0 here (cheap: one stat when no file).
+    # What this client's ledger already holds: the server reports it from the start (a resumed
+    # run's live ε) and skips the end-of-run ledger fetch only for clients it never queried AND
+    # that say 0 here (cheap: one stat when there is no file).
+    reply: dict = {"client_id": cid}
     try:
-        queries = load_ledger(ExperimentConfig.from_mapping(config), cid, state_dir, version).queries
+        ledger = own_ledger(cfg, cid, state_dir, version)
+        reply["ledger_queries"] = ledger.queries
+        if ledger.queries:
+            reply["ledger"] = json.dumps(ledger.state_dict())
     except Exception:  # noqa: BLE001 - unreadable state: say "may hold releases"; the first query reports it
-        queries = 1
-    return Message(encode_records({}, {"client_id": cid, "ledger_queries": queries}), reply_to=message)
+        reply["ledger_queries"] = 1
+    return Message(encode_records({}, reply), reply_to=message)
 
 
 @app.train("gswgan")
@@ -96,7 +147,12 @@ def handle_gswgan(message: Message, context: Context) -> Message:
     cfg = _config(record)
     _use_client_threads()
     state = _load(record, cfg, context)
-    answer = answer_query(state, cfg, query)
+    refusal = policy_refusal(context, cfg)
+    if refusal:
+        answer = GsAnswer(step=query.step, client_id=state.client_id, refused=True,
+                          reason=f"client {state.client_id} refuses: {refusal}", queries=state.ledger.queries)
+    else:
+        answer = answer_query(state, cfg, query, node_policy(context)[0])
     if not answer.refused:
         _persist(record, state)
     return Message(encode_answer(answer), reply_to=message)
@@ -107,7 +163,7 @@ def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from the authority."""
     record = _run_record(context)
     cid = client_id_of(context)
-    ledger = load_ledger(_config(record), cid, str(record["state_dir"]), int(record["version"]))
+    ledger = own_ledger(_config(record), cid, str(record["state_dir"]), int(record["version"]))
     content = encode_records({}, {"client_id": cid, "ledger": json.dumps(ledger.state_dict())})
     return Message(content, reply_to=message)
 
@@ -124,8 +180,12 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     _, scalars = decode_records(message.content)
     weights = message.content.array_records["classifier"].to_torch_state_dict()
     state = _load(record, cfg, context)
-    value, reason = noisy_accuracy(state, cfg, weights, num_classes=num_classes_for(cfg),
-                                   noise_multiplier=float(scalars["noise_multiplier"]))
+    policy, problem = node_policy(context)
+    if problem:
+        value, reason = None, f"client {state.client_id} refuses: {problem}"
+    else:
+        value, reason = noisy_accuracy(state, cfg, weights, num_classes=num_classes_for(cfg),
+                                       noise_multiplier=float(scalars["noise_multiplier"]), policy=policy)
     if value is not None:
         _persist(record, state)
     content = encode_records({}, {"client_id": state.client_id, "accuracy": -1.0 if value is None else value,
@@ -135,17 +195,23 @@ def handle_accuracy(message: Message, context: Context) -> Message:
 
 @app.train("fedavg")
 def handle_fedavg(message: Message, context: Context) -> Message:
-    """Fed-Avg GAN: a few local WGAN-GP steps on the received D; reply with the raw D delta."""
+    """Fed-Avg GAN: a few local WGAN-GP steps on the received D; reply with the raw D delta, which
+    the client's own ledger records as a release without noise (the server sees it as it is)."""
     from flwr.app import ArrayRecord
 
     from common.data import num_classes_for
     from common.fedavg_gan import client_update
+    from common.privacy.events import VOID_RAW_DELTA
 
     record = _run_record(context)
     cfg = _config(record)
+    refusal = policy_refusal(context, cfg)
+    if refusal:
+        raise RuntimeError(f"this node refuses Fed-Avg GAN rounds: {refusal}")
     _, scalars = decode_records(message.content)
     cid = client_id_of(context)
-    data = _partition(cfg, cid)
+    state = _load(record, cfg, context)
+    data = state.data
     delta = client_update(
         message.content.array_records["generator"].to_torch_state_dict(),
         message.content.array_records["discriminator"].to_torch_state_dict(),
@@ -153,6 +219,9 @@ def handle_fedavg(message: Message, context: Context) -> Message:
         real_images=data.images, real_labels=data.labels, local_steps=cfg.local_steps, lr=cfg.fedavg_lr_d,
         batch_size=cfg.batch_size, gp_weight=cfg.gp_weight, drift=cfg.drift,
         generator=torch.Generator().manual_seed(int(scalars["seed"])))
+    state.ledger.record(PrivacyEvent(noise_multiplier=0.0, void=VOID_RAW_DELTA))
+    state.version += 1
+    _persist(record, state)
     content = encode_records({}, {"client_id": cid, "step": int(scalars["step"])})
     content["delta"] = ArrayRecord({k: v.contiguous() for k, v in delta.items()})
     return Message(content, reply_to=message)
@@ -163,8 +232,6 @@ def handle_dpgan(message: Message, context: Context) -> Message:
     """Centralized DPGAN round on the curator node; replies with G's weights and its ledger."""
     from flwr.app import ArrayRecord
 
-    from common.privacy import PrivacyEvent
-
     from .dpgan_node import load_node, run_round, save_node
 
     record = _run_record(context)
@@ -172,13 +239,14 @@ def handle_dpgan(message: Message, context: Context) -> Message:
     step = int(decode_records(message.content)[1]["step"])
     _use_client_threads()
     node = load_node(cfg, str(record["state_dir"]), rounds=step)
-    planned = PrivacyEvent(noise_multiplier=node.trainer.noise_multiplier, sample_rate=node.sample_rate,
-                           count=node.n_d)
     scalars = {"client_id": client_id_of(context), "step": step, "refused": False, "reason": "",
                "noise_multiplier": node.trainer.noise_multiplier, "sample_rate": node.sample_rate}
-    if node.ledger.would_exceed(budget=cfg.client_epsilon_budget, delta=cfg.delta, next_event=planned):
-        scalars.update(refused=True, reason=f"the DPGAN node refuses: {node.n_d} more discriminator steps "
-                       f"would exceed its epsilon budget {cfg.client_epsilon_budget}")
+    refusal = policy_refusal(context, cfg)
+    over = "" if refusal else node_policy(context)[0].over_budget(node.ledger, node.step_event(node.n_d), cfg)
+    if over:
+        refusal = f"{node.n_d} more discriminator steps: {over}"
+    if refusal:
+        scalars.update(refused=True, reason=f"the DPGAN node refuses: {refusal}")
         return Message(encode_records({}, scalars), reply_to=message)
     stats = run_round(node, cfg)
     save_node(node, str(record["state_dir"]))

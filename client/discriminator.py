@@ -22,7 +22,8 @@ from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.losses import critic_step, generator_sample_grads
 from common.models import build_generator, sample_latent
-from common.privacy import PrivacyEvent, noise_generator, query_noise_multiplier, sanitize_sample_grads
+from common.privacy import NodePolicy, PrivacyEvent, noise_generator, query_noise_multiplier, sanitize_sample_grads
+from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 
 from .state import ClientState
 
@@ -121,20 +122,31 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     state.warmed_up = True
 
 
-def query_noise_source(cfg: ExperimentConfig, client_id: int, step: int) -> torch.Generator:
-    """Cryptographically seeded noise; a fixed ``noise_seed`` (tests only) makes it reproducible."""
+def query_noise_source(cfg: ExperimentConfig, client_id: int, step: int) -> tuple[torch.Generator, str]:
+    """(noise generator, void reason): cryptographically seeded with reason ""; a fixed
+    ``noise_seed`` (tests only) makes it reproducible, and every release made with it NOT private."""
     if cfg.noise_seed < 0:
-        return noise_generator(None)
+        return noise_generator(None), ""
     digest = hashlib.sha256(f"{cfg.noise_seed}/{client_id}/{step}".encode()).digest()
-    return noise_generator(int.from_bytes(digest[:7], "big"))
+    return noise_generator(int.from_bytes(digest[:7], "big")), VOID_NOISE_SEED
 
 
-def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery) -> GsAnswer:
-    """Run one GS-WGAN query on this client, or refuse it when the budget would be exceeded."""
+def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery,
+                 policy: NodePolicy | None = None) -> GsAnswer:
+    """Run one GS-WGAN query on this client, or refuse it when its budget would be exceeded.
+
+    The budget and its δ are the node's (``policy``: the smaller of its own maximum and what the
+    run asks for); the handler has already checked the run's configuration against the policy.
+    """
+    policy = policy or NodePolicy()
     B = query.batch_size
+    if B != cfg.batch_size:  # B sets the query's noise multiplier σ/√B: the run's B, or nothing
+        return _refusal(state, cfg, query.step, f"the query asks for B = {B} samples, the run's batch size is "
+                        f"{cfg.batch_size}")
     event = planned_event(cfg, B)
-    if state.ledger.would_exceed(budget=cfg.client_epsilon_budget, delta=cfg.delta, next_event=event):
-        return _refusal(state, cfg, query.step)
+    over = policy.over_budget(state.ledger, event, cfg)
+    if over:
+        return _refusal(state, cfg, query.step, over)
     fakes_np, labels_np = validate_query(query, n_critic=cfg.n_critic, num_classes=num_classes_for(cfg),
                                          critic_fakes=cfg.critic_fakes)
     if cfg.warmup_steps and not state.warmed_up:
@@ -145,8 +157,9 @@ def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery) -> G
     grads = generator_sample_grads(state.discriminator, fakes[-B:], labels[-B:])
     stats["grad_norm_mean"] = float(grads.flatten(1).norm(dim=1).mean())
     stats["clip_fraction"] = float((grads.flatten(1).norm(dim=1) > cfg.clip).float().mean())
+    noise, void = query_noise_source(cfg, state.client_id, query.step)
     noisy, ran = sanitize_sample_grads(grads, clip=cfg.clip, noise_multiplier=cfg.noise_multiplier,
-                                       generator=query_noise_source(cfg, state.client_id, query.step))
+                                       generator=noise, void=void or (VOID_CLIENT_STATS if cfg.client_stats else ""))
     state.ledger.record(ran)
     state.version += 1
     # Wire encoding strictly after the noise: the float16 cast and deflate are post-processing.
@@ -165,9 +178,9 @@ def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery) -> G
     )
 
 
-def _refusal(state: ClientState, cfg: ExperimentConfig, step: int) -> GsAnswer:
-    eps = state.ledger.epsilon(delta=cfg.delta)
-    reason = (f"client {state.client_id} refuses: one more answer would exceed its epsilon budget "
-              f"{cfg.client_epsilon_budget} (spent {eps:.4g} at delta={cfg.delta})")
+def _refusal(state: ClientState, cfg: ExperimentConfig, step: int, why: str) -> GsAnswer:
+    """A refusal: nothing is released or charged. The reason depends only on the ledger (public
+    to the server through the answers it received) and the configurations, never on the data."""
+    reason = f"client {state.client_id} refuses: {why}"
     return GsAnswer(step=step, client_id=state.client_id, refused=True, reason=reason,
-                    queries=state.ledger.queries, epsilon=eps)
+                    queries=state.ledger.queries, epsilon=state.ledger.epsilon(delta=cfg.delta))

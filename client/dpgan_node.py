@@ -3,7 +3,11 @@
 Each round the node takes n_D DP-SGD discriminator steps (Opacus; Poisson sampling q = B/N), then
 one non-private generator step (post-processing), updates the adaptive n_D, records the steps that
 added noise in its ledger, and returns the generator's weights. State (D, G, both optimizers, the
-adaptive schedule, the ledger, the RNG) persists on the node's disk between rounds.
+adaptive schedule, the ledger, the public RNG) persists on the node's disk between rounds.
+
+The Poisson batches come from a secret sampler (the OS CSPRNG, nothing saved): amplification at
+q = B/N holds only if nobody can tell which examples a step used, and the run's seed is published
+in config.json. ``--sampling-seed`` (tests only) makes them reproducible and every event void.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import torch.nn.functional as F
 
 from common.config import ExperimentConfig
 from common.data import load_client_partition, num_classes_for
-from common.dpgan import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator, poisson_indices
+from common.dpgan import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator
 from common.models import build_generator, sample_latent
-from common.privacy import PrivacyEvent, PrivacyLedger, noise_generator
+from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
+from common.privacy.events import VOID_NOISE_SEED
 
 _NODES: dict[str, "DpganNode"] = {}
 
@@ -35,12 +40,19 @@ class DpganNode:
     schedule: AdaptiveND | None
     n_d: int
     ledger: PrivacyLedger
-    rng: torch.Generator
+    rng: torch.Generator  # public randomness (fakes' latents and labels), seeded from the run's seed
+    sampler: Sampler  # the Poisson batches: secret
+    void: str = ""  # why this node's steps are not private (a seeded noise or sampling generator)
     rounds: int = 0
 
     @property
     def sample_rate(self) -> float:
         return self.trainer.sample_rate
+
+    def step_event(self, count: int) -> PrivacyEvent:
+        """``count`` DP-SGD discriminator steps: a Poisson-subsampled Gaussian (σ, q = B/N)."""
+        return PrivacyEvent(noise_multiplier=self.trainer.noise_multiplier, sample_rate=self.sample_rate,
+                            count=count, sampling="poisson", void=self.void)
 
 
 def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,10 +75,12 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
     gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
     schedule = AdaptiveND(threshold=cfg.dpgan_adaptive_threshold, initial_n_d=cfg.dpgan_n_d) \
         if cfg.dpgan_adaptive else None
+    sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
+    void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else sampler.void_reason
     return DpganNode(images=images, labels=labels, trainer=trainer, generator=gen,
                      g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),
                      schedule=schedule, n_d=cfg.dpgan_n_d, ledger=PrivacyLedger(),
-                     rng=torch.Generator().manual_seed(cfg.seed * 31 + 7))
+                     rng=torch.Generator().manual_seed(cfg.seed * 31 + 7), sampler=sampler, void=void)
 
 
 def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +94,7 @@ def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
     before = node.trainer.steps_taken
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
-        idx = poisson_indices(len(node.labels), node.sample_rate, node.rng)
+        idx = node.sampler.poisson(len(node.labels), node.sample_rate)
         fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=False)
         stats = node.trainer.step(node.images[idx], node.labels[idx], fake, fake_y)
     fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=True)
@@ -91,8 +105,7 @@ def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
         node.g_optimizer.step()
     new_steps = node.trainer.steps_taken - before
     if new_steps:
-        node.ledger.record(PrivacyEvent(noise_multiplier=node.trainer.noise_multiplier,
-                                        sample_rate=node.sample_rate, count=new_steps))
+        node.ledger.record(node.step_event(new_steps))
     if node.schedule is not None:
         node.n_d = node.schedule.update(stats.get("fake_accuracy", 0.0))
     node.rounds += 1
@@ -111,12 +124,20 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "G": node.generator.state_dict(), "g_opt": node.g_optimizer.state_dict(),
         "schedule": node.schedule.state_dict() if node.schedule else None, "n_d": node.n_d,
         "ledger": node.ledger.state_dict(), "rng": node.rng.get_state(), "rounds": node.rounds,
-        "steps_taken": node.trainer.steps_taken,
+        "steps_taken": node.trainer.steps_taken, "sampler": node.sampler.state_dict(),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
     os.replace(tmp, path)
     _NODES[str(state_dir)] = node
+
+
+def load_ledger(state_dir: str | Path) -> PrivacyLedger:
+    """The node's ledger as its file stands (empty before its first round)."""
+    path = node_path(state_dir)
+    if not path.exists():
+        return PrivacyLedger()
+    return PrivacyLedger.from_state_dict(torch.load(path, map_location="cpu", weights_only=False)["ledger"])
 
 
 def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> DpganNode:
@@ -137,6 +158,7 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.n_d, node.rounds = int(blob["n_d"]), int(blob["rounds"])
         node.ledger = PrivacyLedger.from_state_dict(blob["ledger"])
         node.rng.set_state(blob["rng"])
+        node.sampler.load_state_dict(blob.get("sampler", {}))
         node.trainer.steps_taken = int(blob["steps_taken"])
     _NODES[str(state_dir)] = node
     return node

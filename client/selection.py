@@ -12,7 +12,7 @@ import torch
 
 from common.config import ExperimentConfig
 from common.evaluation.classifier import DomainClassifier, accuracy
-from common.privacy import PrivacyEvent
+from common.privacy import NodePolicy, PrivacyEvent
 
 from .discriminator import query_noise_source
 from .state import ClientState
@@ -21,17 +21,26 @@ SELECTION_STEP = -1  # noise stream id of the selection query (the GS-WGAN steps
 
 
 def noisy_accuracy(state: ClientState, cfg: ExperimentConfig, classifier_state: dict[str, torch.Tensor],
-                   *, num_classes: int, noise_multiplier: float) -> tuple[float | None, str]:
-    """The classifier's accuracy on this client's data plus N(0, (σ_sel/n)²), or a refusal reason."""
-    event = PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=1.0)
-    if state.ledger.would_exceed(budget=cfg.client_epsilon_budget, delta=cfg.delta, next_event=event):
-        return None, f"client {state.client_id} refuses: the selection query would exceed its budget"
+                   *, num_classes: int, noise_multiplier: float,
+                   policy: NodePolicy | None = None) -> tuple[float | None, str]:
+    """The classifier's accuracy on this client's data plus N(0, (σ_sel/n)²), or a refusal reason.
+
+    The server chooses σ_sel per query, so the node checks it against its own policy here."""
+    policy = policy or NodePolicy()
+    problem = policy.check_release(noise_multiplier, "selection query")
+    if problem:
+        return None, f"client {state.client_id} refuses: {problem}"
+    noise, void = query_noise_source(cfg, state.client_id, SELECTION_STEP)
+    event = PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=1.0, void=void)
+    over = policy.over_budget(state.ledger, event, cfg)
+    if over:
+        return None, f"client {state.client_id} refuses the selection query: {over}"
     model = DomainClassifier(num_classes)
     model.load_state_dict(classifier_state)
     model.eval()
     n = len(state.data.labels)
     acc = accuracy(model, state.data.images, state.data.labels)
-    noise = torch.randn((), generator=query_noise_source(cfg, state.client_id, SELECTION_STEP)).item()
+    draw = torch.randn((), generator=noise).item()
     state.ledger.record(event)
     state.version += 1
-    return acc + noise * noise_multiplier / n, ""
+    return acc + draw * noise_multiplier / n, ""

@@ -7,9 +7,11 @@ still comes from the ledgers of what ran; calibration only picks the noise.
 - gswgan: per-client ε (untrusted server) of a client answering its expected share
   ceil(T·m/K) of queries equals the target; clients also get ``client_epsilon_budget = target``, so
   one sampled more often than expected refuses instead of exceeding it.
-- dpgan: example-level ε of steps × n_D Poisson-subsampled DP-SGD steps (q = B/N).
-- fedavg-gan: the user-level, trusted-server ε of the rounds (q = m/K); per-client ε against the
-  server stays unbounded whatever the noise, which the report says.
+- dpgan: example-level ε of steps × n_D Poisson-subsampled DP-SGD steps (q = B/N); the curator also
+  gets ``client_epsilon_budget = target``, so an adaptive n_D that grows past the planned steps
+  stops the run at the target instead of overshooting it.
+- fedavg-gan: the user-level, trusted-server ε of the rounds (Poisson, q = m/K); per-client ε
+  against the server stays unbounded whatever the noise, which the report says.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from common.privacy import PrivacyEvent, PrivacyLedger
 
 
 def _ledger_epsilon(noise_multiplier: float, sample_rate: float, count: int, delta: float) -> float:
+    sampling = "poisson" if sample_rate < 1 else "none"
     ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                                         count=count)])
+                                         count=count, sampling=sampling)])
     return ledger.epsilon(delta=delta)
 
 
@@ -50,7 +53,9 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
         if pooled_size is None:
             raise ValueError("calibrating dpgan needs the pooled data size N")
         q = min(1.0, cfg.dpgan_batch_size / pooled_size)
-        return cfg.replace(dpgan_noise_multiplier=subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d, cfg.delta))
+        sigma = subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d, cfg.delta)
+        budget = min(cfg.client_epsilon_budget or target, target)
+        return cfg.replace(dpgan_noise_multiplier=sigma, client_epsilon_budget=budget)
     q = min(1.0, cfg.fedavg_clients_per_round / len(cfg.participants()))
     return cfg.replace(fedavg_noise_multiplier=subsampled_noise(target, q, cfg.steps, cfg.delta))
 

@@ -44,7 +44,8 @@ class ExperimentConfig:
     # --- what to run -------------------------------------------------------------------------
     strategy: str = _f("gswgan", f"training strategy, one of {', '.join(STRATEGIES)}")
     steps: int = _f(300, "number of generator steps to run (one sanitized query per sampled client each)")
-    seed: int = _f(0, "seed of the server's randomness (latents, labels, client sampling) and the data")
+    seed: int = _f(0, "seed of the public randomness (latents, labels, initial weights) and the data; "
+                   "the sampling that privacy relies on never uses it (see sampling-seed)")
     # --- data --------------------------------------------------------------------------------
     dataset: str = _f("synthetic", f"data set, one of {', '.join(DATASETS)}")
     data_dir: str = _f(
@@ -94,7 +95,13 @@ class ExperimentConfig:
     ema_decay: float = _f(0.999, "decay of the generator's exponential moving average (the released G)")
     warmup_steps: int = _f(0, "non-private warm-start iterations of each client's D on first contact")
     noise_seed: int = _f(
-        -1, "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default)"
+        -1, "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default); "
+        "the noise is then recomputable, every epsilon is unbounded (NOT PRIVATE) and nodes refuse it "
+        "unless their privacy policy allows non-private options"
+    )
+    sampling_seed: int = _f(
+        -1, "TESTING ONLY: seed the server's client sampling and DPGAN's Poisson batches (-1: secret, from "
+        "the OS CSPRNG, the private default); voids every epsilon that relies on amplification by subsampling"
     )
     # --- centralized DPGAN (Bie, Kamath, Zhang 2023) -----------------------------------------------
     dpgan_noise_multiplier: float = _f(1.0, "dpgan: DP-SGD noise multiplier sigma (noise std sigma*C)")
@@ -111,7 +118,10 @@ class ExperimentConfig:
         "fedavg-gan: trusted-server user-level); 0: use the configured noise"
     )
     # --- Fed-Avg GAN (Augenstein et al. 2020) --------------------------------------------------
-    fedavg_clients_per_round: int = _f(10, "fedavg-gan: clients m sampled per round")
+    fedavg_clients_per_round: int = _f(
+        10, "fedavg-gan: expected clients m per round: each client is sampled independently with "
+        "probability q = m/K (DP-FedAvg's Poisson sampling) and the noisy sum is divided by the fixed m"
+    )
     local_steps: int = _f(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
     server_g_steps: int = _f(6, "fedavg-gan: generator SGD steps on the server per round")
     fedavg_lr_d: float = _f(5e-4, "fedavg-gan: clients' discriminator SGD learning rate")
@@ -144,7 +154,10 @@ class ExperimentConfig:
         "for the training curves; they are computed on private data WITHOUT noise, so this voids the privacy "
         "guarantee: debugging on non-sensitive data only (off: only the sanitized gradient leaves a client)"
     )
-    accountant: str = _f("rdp", "accountant of the headline epsilon, rdp or prv (both are reported)")
+    accountant: str = _f(
+        "rdp", "accountant of the headline epsilon, rdp or prv (both are reported; where PRV has no sound "
+        "value, e.g. sampling without replacement or a huge epsilon, the headline falls back to RDP and says so)"
+    )
     reply_timeout_s: float = _f(
         300.0, "seconds the server waits for a message's replies; a client silent that long is marked "
         "failed and not asked again (a dead SuperNode), and the run goes on with the others"
@@ -306,6 +319,8 @@ def _validate(c: ExperimentConfig) -> None:
     _check(c.critic_fakes in CRITIC_FAKES, "critic_fakes", c.critic_fakes, f"choose one of {CRITIC_FAKES}")
     _check(c.replay_batches >= 1, "replay_batches", c.replay_batches, "must be >= 1")
     _check(c.accountant in ACCOUNTANTS, "accountant", c.accountant, f"choose one of {ACCOUNTANTS}")
+    for name in ("noise_seed", "sampling_seed"):
+        _check(getattr(c, name) >= -1, name, getattr(c, name), "must be -1 (secret) or a seed >= 0")
     _check(c.steps >= 0, "steps", c.steps, "must be >= 0")
     _check(c.num_clients >= 1, "num_clients", c.num_clients, "must be >= 1")
     _check(c.batch_size >= 1, "batch_size", c.batch_size, "must be >= 1")

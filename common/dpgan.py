@@ -3,7 +3,7 @@ adaptive discriminator step frequency, and the privacy arithmetic of the baselin
 
 One discriminator step (``DpDiscriminatorTrainer.step``):
 
-1. a real batch drawn by Poisson sampling with rate q = B/N (:func:`poisson_indices`), so the
+1. a real batch drawn by Poisson sampling with rate q = B/N (``Sampler.poisson``: secret), so the
    subsampled-Gaussian accountants apply and the batch size itself is random (possibly 0);
 2. B generated samples, which depend on the data only through earlier *released* D's;
 3. ONE forward pass over ``cat([real, fake])``: every real and every fake example is its own row of
@@ -39,7 +39,6 @@ from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample.utils import wrap_model
 from opacus.optimizers import DPOptimizer
@@ -54,18 +53,6 @@ GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
 
 
 # --- sampling and model ------------------------------------------------------------------------
-
-
-def poisson_indices(n: int, sample_rate: float, generator: torch.Generator) -> Tensor:
-    """Indices of a Poisson sample: each of ``n`` examples kept independently with prob. q.
-
-    The amplification-by-subsampling bound that Opacus' accountants use is for exactly this
-    sampling; a fixed-size batch would need a different analysis. The result may be empty.
-    """
-    if not 0.0 <= sample_rate <= 1.0:
-        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
-    keep = torch.rand(n, generator=generator) < sample_rate
-    return keep.nonzero().flatten()
 
 
 def build_dpgan_discriminator(preset: str, *, num_classes: int = 10) -> ProjectionDiscriminator:
@@ -110,6 +97,16 @@ def _wgan_real_row_loss(
     return loss
 
 
+def interpolation_partners(n_real: int, n_fake: int, generator: torch.Generator | None) -> Tensor:
+    """For each real row, the index of the fake it is interpolated with, drawn independently and
+    uniformly. Pairing by position (row i with fake i) would make one example's removal shift every
+    later row onto another partner, so a row's loss would depend on the other examples; with
+    independent draws each row's (partner, alpha) is its own randomness, independent of the data."""
+    if n_fake < 1 and n_real > 0:
+        raise ValueError("real rows need at least one fake to be interpolated with")
+    return torch.randint(max(n_fake, 1), (n_real,), generator=generator)
+
+
 def wgan_gp_sample_grads(
     D: nn.Module,
     real: Tensor,
@@ -117,15 +114,16 @@ def wgan_gp_sample_grads(
     fake: Tensor,
     fake_y: Tensor,
     alpha: Tensor,
+    partners: Tensor,
     *,
     gp_weight: float = 10.0,
     drift: float = 0.0,
 ) -> dict[str, Tensor]:
     """Per-row gradients ``[n_real + n_fake, *p.shape]`` of the WGAN-GP critic loss, by name.
 
-    Real row i pairs with fake ``i mod n_fake`` for its interpolate (``alpha[i]`` ~ U[0,1]); fake
-    row j's loss is ``D(fake_j)``. Opacus' hooks cannot do this (nested input gradient), so each row
-    is differentiated separately with torch.func.
+    Real row i is interpolated with fake ``partners[i]`` (see :func:`interpolation_partners`) at
+    ``alpha[i]`` ~ U[0,1]; fake row j's loss is ``D(fake_j)``. Opacus' hooks cannot do this (nested
+    input gradient), so each row is differentiated separately with torch.func.
     """
     params = {k: v.detach() for k, v in D.named_parameters()}
     buffers = dict(D.named_buffers())
@@ -136,7 +134,7 @@ def wgan_gp_sample_grads(
     rows = []
     if real.shape[0] > 0:
         real_loss = _wgan_real_row_loss(score, gp_weight=gp_weight, drift=drift)
-        pair = fake.detach()[torch.arange(real.shape[0]) % fake.shape[0]]
+        pair = fake.detach()[partners]
         a = alpha.reshape(-1, *([1] * (real.dim() - 1)))
         rows.append(vmap(grad(real_loss), in_dims=(None, 0, 0, 0, 0))(params, real, real_y, pair, a))
     if fake.shape[0] > 0:
@@ -223,8 +221,9 @@ class DpDiscriminatorTrainer:
         self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor
     ) -> Tensor:
         alpha = torch.rand(real.shape[0], generator=self.generator)
+        partners = interpolation_partners(real.shape[0], fake.shape[0], self.generator)
         grads = wgan_gp_sample_grads(
-            self.D, real, real_y, fake, fake_y, alpha, gp_weight=self.gp_weight, drift=self.drift
+            self.D, real, real_y, fake, fake_y, alpha, partners, gp_weight=self.gp_weight, drift=self.drift
         )
         for name, p in self.D.named_parameters():
             p.grad_sample = grads[name]
@@ -335,30 +334,6 @@ class AdaptiveND:
 
 
 # --- accounting --------------------------------------------------------------------------------
-
-
-def dpgan_epsilon(
-    *, noise_multiplier: float, sample_rate: float, steps: int, delta: float
-) -> dict[str, float | None]:
-    """ε of ``steps`` DP discriminator steps from Opacus' RDP and PRV accountants (their defaults,
-    the accounting Bie et al. report). Generator steps are post-processing and not counted.
-
-    PRV is None when Opacus fails on the input (e.g. huge ε); RDP is always an upper bound.
-    """
-    check_delta(delta)
-    history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    rdp = RDPAccountant()
-    rdp.history = list(history)
-    prv = PRVAccountant()
-    prv.history = list(history)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rdp_eps = float(rdp.get_epsilon(delta))
-        try:
-            prv_eps: float | None = float(prv.get_epsilon(delta))
-        except (ArithmeticError, ValueError, RuntimeError):
-            prv_eps = None
-    return {"rdp": rdp_eps, "prv": prv_eps}
 
 
 def calibrate_noise_multiplier(

@@ -1,15 +1,20 @@
 """Fed-Avg GAN core (Augenstein et al. 2020): user-level DP-FedAvg on the discriminator.
 
-Each round the server sends G and D to m sampled clients. A client takes up to ``local_steps``
-SGD steps on D with the WGAN-GP loss (its real data, fakes from the frozen G with uniform labels)
-and returns its D delta. The server clips each delta to L2 norm S, sums, adds N(0, (zS)^2 I),
-divides by the FIXED number of sampled clients m, applies the result to D, then takes
-``server_g_steps`` generator steps against the updated D (post-processing: no privacy cost).
+Each round the server samples every client independently with probability q = m/K (Poisson, from a
+secret CSPRNG) and sends G and D to those sampled. A client takes up to ``local_steps`` SGD steps
+on D with the WGAN-GP loss (its real data, fakes from the frozen G with uniform labels) and returns
+its D delta. The server clips each delta to L2 norm S, sums, adds N(0, (zS)^2 I), divides by the
+FIXED expected number m = qK, applies the result to D, then takes ``server_g_steps`` generator
+steps against the updated D (post-processing: no privacy cost).
 
-Why the fixed denominator: with the sum's sensitivity S (add/remove one client), dividing by
-the number that *replied* would make the denominator data-dependent and the noise on the mean
-too small when clients drop out; dividing by m keeps the mechanism exactly "Gaussian on the
-clipped sum, then a public rescaling" (McMahan et al. 2018, DP-FedAvg with fixed denominator).
+This is DP-FedAvg as published (McMahan et al. 2018, fixed denominator qW): Poisson sampling and
+add/remove adjacency are what the subsampled-Gaussian bound assumes (a server taking exactly m
+clients would need the without-replacement bound instead). Why the fixed denominator: with the
+sum's sensitivity S (add/remove one client), dividing by the number that *replied* would make the
+denominator data-dependent and the noise on the mean too small; dividing by m keeps the mechanism
+exactly "Gaussian on the clipped sum, then a public rescaling". A round where nobody was sampled
+still releases noise (its emptiness depends on who is in the federation), and a non-finite delta
+counts as zero: dropping it, or the round, would make the release depend on the data.
 
 Flower 1.41's ``DifferentialPrivacyServerSideFixedClipping`` (``flwr/serverapp/strategy/
 dp_fixed_clipping.py``) was read, not imported. It clips each reply's whole-record update
@@ -44,20 +49,9 @@ from torch import Tensor, nn
 
 from .losses import critic_step
 from .models import build_discriminator, build_generator, sample_latent
-from .privacy import PrivacyEvent, amplified_epsilon
+from .privacy import PrivacyEvent
 
 Delta = dict[str, Tensor]
-
-ACCOUNTING_RULE_FEDAVG = (
-    "user-level DP-FedAvg, trusted server (an assumption about the server): each round the "
-    "server samples m of K clients, clips each client's whole discriminator delta to S, adds "
-    "N(0, (zS)^2) to the sum and divides by m; a Poisson-subsampled Gaussian with q = m/K and "
-    "noise multiplier z over the rounds that ran; Opacus RDP accountant"
-)
-UNTRUSTED_REASON = (
-    "unbounded: each client sends its raw (unclipped, un-noised) discriminator delta to the "
-    "server, so against an untrusted server no noise protects it"
-)
 
 
 # --- deltas: flatten, measure, clip, apply ---------------------------------------------------
@@ -145,13 +139,12 @@ class AggregationInfo:
     noise_std: float
     norms: tuple[float, ...] = field(default=())
 
-    def privacy_event(self, *, num_clients: int) -> PrivacyEvent:
-        """One round of the subsampled Gaussian: multiplier z, sample rate q = m/K."""
+    def privacy_event(self, *, num_clients: int, void: str = "") -> PrivacyEvent:
+        """One round of the Poisson-subsampled Gaussian: multiplier z, sample rate q = m/K."""
         if num_clients < self.num_sampled:
             raise ValueError(f"num_clients {num_clients} < num_sampled {self.num_sampled}")
-        return PrivacyEvent(
-            noise_multiplier=self.noise_multiplier, sample_rate=self.num_sampled / num_clients
-        )
+        return PrivacyEvent(noise_multiplier=self.noise_multiplier, sample_rate=self.num_sampled / num_clients,
+                            sampling="poisson", void=void)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,17 +157,20 @@ class AggregationInfo:
         }
 
 
-def _check_deltas(deltas: list[Delta]) -> None:
-    """Same keys and shapes everywhere, and finite values; errors name the client index."""
-    reference = deltas[0]
+def _check_deltas(deltas: list[Delta], template: Delta) -> list[Delta]:
+    """Same keys and shapes as ``template`` everywhere (a malformed reply is an error naming the
+    client index); a delta holding NaN or inf is replaced by zeros, silently: whether a client's
+    local steps diverged is data-dependent, and saying so would be an unaccounted release."""
+    out = []
     for i, delta in enumerate(deltas):
-        if delta.keys() != reference.keys():
-            raise ValueError(f"client {i}: delta keys differ from client 0's")
+        if delta.keys() != template.keys():
+            raise ValueError(f"client {i}: delta keys differ from the discriminator's")
         for name, t in delta.items():
-            if t.shape != reference[name].shape:
+            if t.shape != template[name].shape:
                 raise ValueError(f"client {i}: {name} has shape {tuple(t.shape)}")
-            if not torch.isfinite(t).all():
-                raise ValueError(f"client {i}: delta entry {name} has NaN or inf values")
+        finite = all(bool(torch.isfinite(t).all()) for t in delta.values())
+        out.append(delta if finite else {k: torch.zeros_like(v) for k, v in delta.items()})
+    return out
 
 
 def _gaussian_like(t: Tensor, std: float, generator: torch.Generator) -> Tensor:
@@ -186,6 +182,7 @@ def _gaussian_like(t: Tensor, std: float, generator: torch.Generator) -> Tensor:
 def aggregate_deltas(
     deltas: list[Delta],
     *,
+    template: Delta,
     clip_norm: float,
     noise_multiplier: float,
     num_sampled: int,
@@ -193,23 +190,22 @@ def aggregate_deltas(
 ) -> tuple[Delta, AggregationInfo]:
     """``(sum_i clip(delta_i, S) + N(0, (zS)^2 I)) / m`` with m = ``num_sampled``, fixed.
 
-    Fewer replies than m is allowed (dropouts), and the denominator stays m: see the module
-    docstring for why. Non-finite deltas raise ``ValueError`` naming the client index, since a
-    NaN would otherwise poison D for every client. At least one reply is required; with none,
-    the caller should skip the round (nothing is released, so nothing is accounted).
+    Any number of replies, none included (Poisson sampling: the sample size is random; a client
+    that failed contributes nothing): the denominator stays m and the noise is always added, see
+    the module docstring. ``template`` gives the keys, shapes and dtypes (D's floating-point state).
     """
-    if not deltas:
-        raise ValueError("no deltas to aggregate; skip the round instead")
-    if len(deltas) > num_sampled:
-        raise ValueError(f"{len(deltas)} replies exceed num_sampled={num_sampled}")
+    if num_sampled < 1:
+        raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
     if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
-    _check_deltas(deltas)
+    deltas = _check_deltas(deltas, template)
     clipped = [clip_delta(d, clip_norm=clip_norm) for d in deltas]
     sum_std = noise_multiplier * clip_norm
     aggregate: Delta = {}
-    for name, ref in deltas[0].items():
-        total = torch.stack([c[name].to(torch.float64) for c, _ in clipped]).sum(0)
+    for name, ref in template.items():
+        total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for c, _ in clipped:
+            total = total + c[name].to(torch.float64)
         if sum_std > 0:
             total = total + _gaussian_like(total, sum_std, generator)
         aggregate[name] = (total / num_sampled).to(ref.dtype)
@@ -324,39 +320,3 @@ def server_generator_steps(
     mean = sum(losses) / len(losses) if losses else float("nan")
     last = losses[-1] if losses else float("nan")
     return {"g_steps": float(steps), "g_loss": last, "g_loss_mean": mean}
-
-
-# --- privacy accounting ------------------------------------------------------------------------
-
-
-def fedavg_epsilon(
-    *, noise_multiplier: float, clients_per_round: int, num_clients: int, rounds: int, delta: float
-) -> dict[str, Any]:
-    """Trusted-server, user-level ε of the rounds that ran, and the untrusted-server ε (None).
-
-    ``rounds`` must count the aggregations that actually released a noised D (the ledger), not
-    the configured number. ε is the subsampled Gaussian with q = m/K over those rounds; with
-    z = 0 it is unbounded and reported as None with a reason (JSON has no infinity).
-    """
-    if not 0 < clients_per_round <= num_clients:
-        raise ValueError(
-            f"need 0 < clients_per_round <= num_clients, got {clients_per_round}, {num_clients}"
-        )
-    q = clients_per_round / num_clients
-    eps = amplified_epsilon(
-        noise_multiplier=noise_multiplier, sample_rate=q, steps=rounds, delta=delta
-    )
-    finite = math.isfinite(eps)
-    return {
-        "epsilon": eps if finite else None,
-        "epsilon_reason": None if finite else "unbounded: noise multiplier 0",
-        "epsilon_kind": "trusted server, user-level (amplified, q = m/K)",
-        "delta": delta,
-        "sample_rate": q,
-        "noise_multiplier": noise_multiplier,
-        "rounds": rounds,
-        "accountant": "rdp",
-        "rule": ACCOUNTING_RULE_FEDAVG,
-        "epsilon_untrusted": None,
-        "epsilon_untrusted_reason": UNTRUSTED_REASON,
-    }

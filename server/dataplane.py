@@ -212,7 +212,7 @@ class GrpcTransport:
                 return
 
     # ---- messages -------------------------------------------------------------------------------
-    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+    def exchange(self, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
         if self._stopped.is_set():
             raise DataPlaneError("the run was stopped (flwr stop) or the SuperLink is gone")
         sent: dict[int, tuple[int, Message, Session | None]] = {}
@@ -227,16 +227,16 @@ class GrpcTransport:
                     seq=self._seq, message_type=o.message_type,
                     content=recorddict_to_proto(o.content).SerializeToString())))
             sent[o.node_id] = (self._seq, message, session)
-        return self._collect(outgoing, sent, down)
+        return self._collect(outgoing, sent, down, self.settings.reply_timeout_s if timeout_s is None else timeout_s)
 
-    def _collect(self, outgoing: list[Outgoing], sent, down) -> Exchange:
+    def _collect(self, outgoing: list[Outgoing], sent, down, timeout_s: float) -> Exchange:
         """The replies as Flower messages (so they are counted like the Flower path's), then the
         transports' shared ``_collect``."""
-        deadline = time.monotonic() + self.settings.reply_timeout_s
+        deadline = time.monotonic() + timeout_s
         replies, missing = {}, {}
         for o in outgoing:
             seq, request, session = sent[o.node_id]
-            envelope, why = self._await(session, seq, deadline)
+            envelope, why = self._await(session, seq, deadline, timeout_s)
             if envelope is None:
                 missing[o.node_id] = why
             elif envelope.error:
@@ -247,7 +247,8 @@ class GrpcTransport:
                 replies[o.node_id] = Message(recorddict_from_proto(proto), reply_to=request)
         return _collect(outgoing, replies, down, missing=missing)
 
-    def _await(self, session: Session | None, seq: int, deadline: float) -> tuple[pb.Envelope | None, str]:
+    def _await(self, session: Session | None, seq: int, deadline: float,
+               timeout_s: float) -> tuple[pb.Envelope | None, str]:
         if session is None:
             return None, "no data-plane worker connected for this node"
         with session.changed:
@@ -256,7 +257,7 @@ class GrpcTransport:
                     return None, "the node's data-plane stream closed (worker or node gone)"
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None, f"no reply within {self.settings.reply_timeout_s:.0f} s"
+                    return None, f"no reply within {timeout_s:.0f} s"
                 session.changed.wait(timeout=min(left, 1.0))
             return session.replies.pop(seq), ""
 

@@ -21,19 +21,28 @@ from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.metrics import CommCounter
+from common.privacy.statement import DO_NOT_PUBLISH
 
 from .reporting import RunDirectory, format_summary_table
 from .strategies import build_strategy
-from .strategies.base import Outgoing, Strategy
+from .strategies.base import Incoming, Outgoing, PriorReleases, Strategy
 from .transport import Exchange
 
 MSG_HELLO = "query.hello"
+# A node that failed during the run is still asked for its ledger at the end (it may have answered,
+# and charged itself, after the server stopped waiting), but only this long: a dead node must not
+# hold the report back by a whole reply timeout.
+BEST_EFFORT_TIMEOUT_S = 30.0
+
+
+class NodeRefused(RuntimeError):
+    """A node's own privacy policy refuses the run's configuration; the message names it and why."""
 
 
 class Transport(Protocol):
     def node_ids(self, expected: int) -> list[int]: ...
 
-    def exchange(self, outgoing: list) -> Exchange: ...
+    def exchange(self, outgoing: list, *, timeout_s: float | None = None) -> Exchange: ...
 
 
 @dataclass
@@ -54,13 +63,14 @@ class LoopState:
 
 def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
                    resume: bool = False, transport_name: str = "flower-simulation",
-                   stop: threading.Event | None = None) -> dict[str, Any]:
+                   stop: threading.Event | None = None, prior: PriorReleases | None = None) -> dict[str, Any]:
     """Run (or continue) ``cfg`` in ``run``; returns summary.json's content.
 
     ``stop`` lets another thread (the CLI's Ctrl-C handler when the loop runs in Flower's server
-    thread) end the run after the current step, with a checkpoint and a summary.
+    thread) end the run after the current step, with a checkpoint and a summary. ``prior`` holds
+    releases made before the run that its generator depends on (the debugging task's selection).
     """
-    strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir))
+    strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir), prior)
     state = _restore(run, strategy) if resume else LoopState()
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
@@ -94,6 +104,7 @@ class Hello:
     ledger_holders: frozenset[int]  # clients whose ledger may hold releases (all that did not say it is empty)
     bytes_down: int
     bytes_up: int
+    replies: list[Incoming] = field(default_factory=list)  # (a client with releases sends its ledger)
 
 
 # One exchange carries at most this many messages. Flower 1.41's in-memory Grid checks every
@@ -109,28 +120,38 @@ def _hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: l
 
     A reply may carry ``ledger_queries`` (queries already in the client's ledger when the run
     starts); ``_fetch_ledgers`` skips a client only on that word, so a ClientApp that does not
-    send it keeps every client asked.
+    send it keeps every client asked. A node whose privacy policy refuses the configuration says
+    so here, and the run stops before any release (``NodeRefused``, naming each node and why).
     """
     setup = {"config": json.dumps(cfg.to_dict()), "state_dir": state_dir}
     exchange = _exchange_in_chunks(transport, [Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
-    mapping, holders = {}, set()
+    mapping, holders, refusals = {}, set(), []
     for reply in exchange.replies:
         if reply.content is None:
             raise RuntimeError(f"node {reply.node_id} did not answer the run's hello: {reply.error}")
         scalars = decode_records(reply.content)[1]
         mapping[reply.node_id] = int(scalars["client_id"])
+        if scalars.get("refused"):
+            refusals.append(f"node {reply.node_id} (client {mapping[reply.node_id]}): {scalars.get('reason', '')}")
         if int(scalars.get("ledger_queries", 1)) > 0:  # not said: it may hold releases
             holders.add(mapping[reply.node_id])
+    if refusals:
+        more = f" (and {len(refusals) - 5} more)" if len(refusals) > 5 else ""
+        raise NodeRefused(f"{len(refusals)} of {len(nodes)} nodes refuse this run under their own privacy "
+                          f"policy: {'; '.join(refusals[:5])}{more}")
     if sorted(mapping.values()) != list(range(cfg.num_clients)):
         raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
                            "each node needs a distinct partition-id below num_clients")
-    return Hello(mapping, frozenset(holders), *exchange.totals())
+    return Hello(mapping, frozenset(holders), *exchange.totals(), replies=exchange.replies)
 
 
-def _exchange_in_chunks(transport: Transport, outgoing: list[Outgoing]) -> Exchange:
-    """``transport.exchange`` of ``outgoing`` in pieces of ``BROADCAST_CHUNK`` messages, merged."""
+def _exchange_in_chunks(transport: Transport, outgoing: list[Outgoing], *,
+                        timeout_s: float | None = None) -> Exchange:
+    """``transport.exchange`` of ``outgoing`` in pieces of ``BROADCAST_CHUNK`` messages, merged
+    (``timeout_s``: wait at most this long for each piece's replies instead of the transport's own)."""
     step = BROADCAST_CHUNK
-    parts = [transport.exchange(outgoing[i:i + step]) for i in range(0, len(outgoing), step)]
+    kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
+    parts = [transport.exchange(outgoing[i:i + step], **kwargs) for i in range(0, len(outgoing), step)]
     return Exchange(replies=[r for p in parts for r in p.replies],
                     bytes_down={n: b for p in parts for n, b in p.bytes_down.items()},
                     bytes_up={n: b for p in parts for n, b in p.bytes_up.items()})
@@ -142,6 +163,10 @@ def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, s
     (and thus the whole run) depends on the seed only, not on the node ids a runtime assigns."""
     hello = _hello(cfg, str(run.state_dir), transport, nodes)
     strategy.bind_nodes(hello.mapping)
+    # The participants' ledgers as they stand (releases after the last checkpoint of a resumed run
+    # included), so that live ε is current from the first step, not only after the final fetch.
+    allowed = set(cfg.participants())
+    strategy.absorb_ledgers([r for r in hello.replies if hello.mapping[r.node_id] in allowed], final=False)
     state.ledger_holders = hello.ledger_holders
     state.comm.add_control(hello.bytes_down, hello.bytes_up)
     return sorted(nodes, key=hello.mapping.__getitem__)
@@ -304,8 +329,8 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
 
 
 def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState) -> None:
-    """Ask the participating clients whose ledger may hold a release for it: privacy.json is
-    written from those ledgers, the authority on what each client spent.
+    """Ask the participating clients whose ledger may hold a release for it: privacy.json reports,
+    per client, the larger of that ledger and the server's own record.
 
     A client's ledger grows only when it answers a release-producing message. Asked is every
     participating client (not failed) that was sent a step message by this run, or by the run
@@ -315,19 +340,24 @@ def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strate
     checkpoint of a crashed run; a reused state directory) are in that set, and so is everybody
     when the ClientApp does not report its ledger at hello. Any other client's ledger is empty,
     which is what the server's mirror already says: asking it would cost one message per client
-    of the federation (3,400 for FEMNIST) for nothing.
+    of the federation (3,400 for FEMNIST) for nothing. Nodes that failed are asked too, with a
+    short timeout (``BEST_EFFORT_TIMEOUT_S``): a late answer was charged on the client.
     """
     allowed = set(cfg.participants())
     queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
     holders = state.ledger_holders
     nodes = [n for n, cid in strategy.node_client.items()
-             if n not in state.failed and cid in allowed and (holders is None or cid in holders or cid in queried)]
-    queries = strategy.ledger_queries(nodes)
-    if not queries:
-        return
-    exchange = _exchange_in_chunks(transport, queries)
-    state.notes.extend(strategy.absorb_ledgers(exchange.replies))
-    state.comm.add_control(*exchange.totals())
+             if cid in allowed and (holders is None or cid in holders or cid in queried)]
+    replies = []
+    for group, timeout_s in (([n for n in nodes if n not in state.failed], None),
+                             ([n for n in nodes if n in state.failed], BEST_EFFORT_TIMEOUT_S)):
+        queries = strategy.ledger_queries(group)
+        if not queries:
+            continue
+        exchange = _exchange_in_chunks(transport, queries, timeout_s=timeout_s)
+        replies += exchange.replies
+        state.comm.add_control(*exchange.totals())
+    state.notes.extend(strategy.absorb_ledgers(replies))
 
 
 def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str,
@@ -339,14 +369,13 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         c["status"] = "failed" if c["client_id"] in state.failures else "ok"
         c["failure"] = state.failures.get(c["client_id"], "")
     statement = report["statement"]
-    if cfg.client_stats:
-        statement = ("NOT PRIVATE: --client-stats made clients send critic statistics computed on their data "
-                     "without noise; the epsilon below covers only the gradients. ") + statement
+    amplified = report["epsilon_amplified"]
     run.write_json("privacy.json", {
-        "delta": cfg.delta, "accounting": report["accounting"], "statement": statement,
-        "epsilon_amplified": report["epsilon_amplified"],
-        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_prv", "ledger")}
-                    for c in report["clients"]],
+        "delta": cfg.delta, "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"],
+        "accounting": report["accounting"], "statement": statement, "not_private": report["not_private"],
+        "do_not_publish": DO_NOT_PUBLISH, "epsilon_amplified": amplified,
+        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_reason", "epsilon_rdp",
+                                           "epsilon_prv", "ledger")} for c in report["clients"]],
     })
     if state.step > 0:
         run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg),
@@ -372,10 +401,14 @@ def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state:
         "wire_compression": cfg.wire_compression,
         "critic_fakes": cfg.critic_fakes,
         "client_stats": cfg.client_stats,
+        "accountant": cfg.accountant,
+        "epsilon_kind": report["epsilon_kind"],
         "accounting": report["accounting"],
+        "mechanism": report["mechanism"],
+        "not_private": report["not_private"],
         "clients": [{k: v for k, v in c.items() if k != "ledger"} for c in report["clients"]],
         "epsilon_max": report["epsilon_max"],
-        "epsilon_amplified": report["epsilon_amplified"],
+        "epsilon_amplified": {k: v for k, v in amplified.items() if k != "ledger"},
         "comm": state.comm.summary(),
         "wall_s": round(state.wall_s, 3),
         "step_latency_s": step_latency(state.step_times),

@@ -199,27 +199,33 @@ def _latency_text(latency: dict[str, Any]) -> str:
 
 
 def format_summary_table(summary: dict[str, Any]) -> str:
-    """The table printed at the end of a run."""
+    """The table printed at the end of a run (every ε as summary.json states it, from the ledgers)."""
     eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0] or [0.0]
     if any(e is None for e in eps):
-        eps_text = "unbounded against an untrusted server (see the rule)"
+        reason = next((c.get("epsilon_reason") for c in summary["clients"] if c["epsilon"] is None), "")
+        eps_text = reason or "unbounded"
     else:
         eps_sorted = sorted(eps)
         eps_text = (f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · "
                     f"max {eps_sorted[-1]:.4g}")
     per_step = summary["comm"]["bytes_per_step"]
     amp = summary.get("epsilon_amplified", {})
+    kind = summary.get("epsilon_kind", "per client, untrusted server")
+    accountant = summary.get("accountant", "rdp").upper()
+    if amp.get("epsilon") is not None:
+        amp_text = (f"{amp['epsilon']:.4g}  [{amp.get('kind') or 'assumes the server samples clients uniformly'}, "
+                    f"largest q = {amp.get('sample_rate', float('nan')):.3g}]")
+    else:
+        amp_text = amp.get("epsilon_reason") or ("n/a: " + amp.get("assumption", ""))
     rows = [
         ("strategy", summary["strategy"]),
         ("status", summary["status"]),
         ("rounds" if summary["strategy"] == "fedavg-gan" else "generator steps",
          f"{summary['steps_completed']} / {summary['steps_planned']}"),
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
-        (f"ε per client (δ={summary['delta']:g})", eps_text),
+        (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
         ("ε rule", summary["accounting"]),
-        ("ε amplified (trusted sampling)", "n/a: " + amp.get("assumption", "") if amp.get("epsilon") is None
-         else f"{amp['epsilon']:.4g}  [assumes the server samples clients uniformly, "
-              f"q = {amp.get('sample_rate', float('nan')):.3g}]"),
+        (f"ε {amp.get('kind') or 'amplified'}", amp_text),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
@@ -229,5 +235,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     failed = [c for c in summary["clients"] if c.get("status") == "failed"]
     if failed:
         rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
+    if summary.get("not_private"):
+        rows.insert(0, ("NOT PRIVATE", "; ".join(summary["not_private"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -59,21 +59,23 @@ class FlowerTransport:
             time.sleep(0.05)
         return ids
 
-    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+    def exchange(self, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
+        """Send, then wait for the replies up to ``timeout_s`` (default: the transport's own)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         messages = [Message(o.content, dst_node_id=o.node_id, message_type=o.message_type) for o in outgoing]
         down = {o.node_id: _count(m) for o, m in zip(outgoing, messages)}
         replies_by_node: dict[int, Message] = {}
-        for reply in self._send_and_receive(messages):
+        for reply in self._send_and_receive(messages, timeout_s):
             replies_by_node[reply.metadata.src_node_id] = reply
-        return _collect(outgoing, replies_by_node, down, missing=f"no reply within {self.timeout_s:.0f} s")
+        return _collect(outgoing, replies_by_node, down, missing=f"no reply within {timeout_s:.0f} s")
 
-    def _send_and_receive(self, messages: list[Message]) -> Iterable[Message]:
+    def _send_and_receive(self, messages: list[Message], timeout_s: float) -> Iterable[Message]:
         """``grid.send_and_receive``, with ``on_pushed`` called between the push and the pulls."""
         if self.on_pushed is None:
-            return self.grid.send_and_receive(messages, timeout=self.timeout_s)
+            return self.grid.send_and_receive(messages, timeout=timeout_s)
         pending = set(self.grid.push_messages(messages))
         self.on_pushed()
-        deadline, replies = time.monotonic() + self.timeout_s, []
+        deadline, replies = time.monotonic() + timeout_s, []
         while pending and time.monotonic() < deadline:
             pulled = list(self.grid.pull_messages(pending))
             replies += pulled
@@ -103,7 +105,8 @@ class InProcessTransport:
     def node_ids(self, expected: int) -> list[int]:
         return sorted(self.contexts)
 
-    def exchange(self, outgoing: list[Outgoing]) -> Exchange:
+    def exchange(self, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
+        """Calls each node's ClientApp in turn (``timeout_s`` has nothing to bound here)."""
         down, replies = {}, {}
         for o in outgoing:
             message = runtime_message(o.content, o.node_id, o.message_type)

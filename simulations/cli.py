@@ -39,6 +39,32 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                                metavar=f.name.upper(), help=help_text)
 
 
+NODE_POLICY_HELP = ("privacy policy (TOML) that every simulated node pins, whatever the server asks: "
+                    "min-noise-multiplier, max-epsilon, delta, allow-nonprivate (see README, 'A node's own "
+                    "privacy policy'); default: no minimum, no budget, delta 1e-5, nothing non-private "
+                    "(so --noise-seed, --client-stats and --noise-multiplier 0 need allow-nonprivate = true)")
+
+
+def add_node_policy_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-policy", metavar="POLICY.toml", default=None, help=NODE_POLICY_HELP)
+
+
+def apply_node_policy(args: argparse.Namespace) -> Path | None:
+    """Check ``--node-policy`` (ConfigError naming the file and field) and hand it to the simulated
+    nodes, which read it from FEDGAN_NODE_POLICY; returns its absolute path."""
+    from common.privacy.policy import POLICY_ENV, PolicyError, policy_from_file
+
+    if not getattr(args, "node_policy", None):
+        return None
+    path = Path(args.node_policy).resolve()
+    try:
+        policy_from_file(path)
+    except PolicyError as err:
+        raise ConfigError(str(err)) from err
+    os.environ[POLICY_ENV] = str(path)
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedgan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
                      "directly, without Flower's runtime (same results, for debugging and benchmarks)")
+    add_node_policy_flag(sim)
     add_config_flags(sim)
     dep = sub.add_parser("deploy", help="run an experiment as a real Flower deployment (SuperLink, one "
                          "SuperNode per client, `flwr run`) on this machine",
@@ -68,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--transport", dest="dataplane", choices=("grpc", "flower"), default=argparse.SUPPRESS,
                      help="grpc (default): per-step messages over the project's gRPC data plane, Flower as "
                      "control plane; flower: every message through Flower's runtime (same as --dataplane)")
+    add_node_policy_flag(dep)
     add_config_flags(dep)
     cmp_ = sub.add_parser("compare", help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
                           "comparison.json, a table and a bytes-per-step plot",
@@ -75,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     cmp_.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
                       help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly")
+    add_node_policy_flag(cmp_)
     add_config_flags(cmp_)
     ev = sub.add_parser("evaluate", help="FID, domain FID, IS and downstream utility of a run's generator; "
                         "writes eval.json, plots/ and report.html into the run directory")
@@ -101,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="generated samples per generator for the bright-sample fraction (default 1000)")
     dbg.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
                      help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly")
+    add_node_policy_flag(dbg)
     add_config_flags(dbg)
     data = sub.add_parser("data", help="download data sets or show what is present")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -125,6 +155,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from server.reporting import RunDirectory, RunDirectoryError
 
     try:
+        apply_node_policy(args)
         if args.resume:
             run, cfg = _resume_target(args)
         else:
@@ -149,6 +180,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         check_tools()
         check_options(tls=args.tls, auth=args.auth, use_netns=args.netns)
+        policy = apply_node_policy(args)
         from common.config import load_toml_values
 
         in_toml = bool(args.config) and "dataplane" in load_toml_values(args.config)
@@ -161,7 +193,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns)
+        return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns, node_policy=policy)
     except DeployError as err:
         print(f"fedgan: deployment failed: {err}", file=sys.stderr)
         return 1
@@ -206,6 +238,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, format_comparison
 
     try:
+        apply_node_policy(args)
         cfg = resolve_config(args)
         check_partition_sizes(cfg)
     except (ConfigError, DataError, ValueError) as err:
@@ -243,6 +276,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
     from .debug_task import debug_task, format_result
 
     try:
+        apply_node_policy(args)
         if "invert_prob" not in vars(args):
             args.invert_prob = 0.5  # the task's default: half of the clients have the bug
         cfg = prepare(resolve_config(args))

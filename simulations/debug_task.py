@@ -24,9 +24,11 @@ from common.data import data_root, invert_clients, num_classes_for
 from common.evaluation.classifier import load_or_train_domain_classifier
 from common.evaluation.plots import side_by_side
 from common.models import build_generator, sample_latent
+from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.events import VOID_NOISE_SEED
 from server.loop import handshake, run_experiment
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
-from server.strategies.base import Outgoing
+from server.strategies.base import Outgoing, PriorReleases
 
 from .simulate import run_on_transport
 
@@ -49,11 +51,26 @@ def select_suspects(cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn
         if reply.content is None:
             raise RuntimeError(f"node {reply.node_id} failed the selection query: {reply.error}")
         scalars = decode_records(reply.content)[1]
-        result[int(scalars["client_id"])] = {
+        result[mapping[reply.node_id]] = {
             "accuracy_noisy": None if scalars["refused"] else float(scalars["accuracy"]),
             "reason": str(scalars["reason"]),
         }
     return dict(sorted(result.items()))
+
+
+def selection_prior(cfg: ExperimentConfig, selection: dict[int, dict[str, Any]],
+                    noise_multiplier: float) -> PriorReleases:
+    """The selection query as both group runs must account for it: one Gaussian release (noise
+    multiplier σ_sel on an accuracy of sensitivity 1/n: an example-level guarantee) by every client
+    that answered, and for the amplified figure one unsampled release of the whole federation."""
+    event = PrivacyEvent(noise_multiplier=noise_multiplier, void=VOID_NOISE_SEED if cfg.noise_seed >= 0 else "")
+    answered = [c for c, s in selection.items() if s["accuracy_noisy"] is not None]
+    return PriorReleases(
+        clients={c: PrivacyLedger([event]) for c in answered},
+        server=[event] if answered else [],
+        description=(f"Both generators of the debugging task depend on every client's selection release (its "
+                     f"noisy on-device accuracy, noise multiplier {noise_multiplier:g}, sensitivity 1/n: "
+                     "example-level), which every figure above includes, for clients outside this group too."))
 
 
 @torch.no_grad()
@@ -71,6 +88,8 @@ def bright_fraction(run: RunDirectory, cfg: ExperimentConfig, num_samples: int) 
 def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str,
                num_samples: int = 1000) -> dict[str, Any]:
     """Run the whole task; returns (and writes) ``debug_task.json``."""
+    if cfg.strategy != "gswgan":
+        raise ValueError(f"the debugging task trains GS-WGAN generators on client subsets, not {cfg.strategy}")
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
     out.mkdir(parents=True, exist_ok=False)
     state_dir = out / "clients"
@@ -89,9 +108,10 @@ def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: floa
     truth = invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)
     suspects = [c for c, s in selection.items() if s["accuracy_noisy"] is not None and s["accuracy_noisy"] < threshold]
     rest = [c for c, s in selection.items() if s["accuracy_noisy"] is not None and c not in suspects]
+    prior = selection_prior(cfg, selection, selection_noise)
     groups = {}
     for name, members in (("suspect", suspects), ("rest", rest)):
-        groups[name] = _train_group(cfg, out, name, members, state_dir, transport, num_samples)
+        groups[name] = _train_group(cfg, out, name, members, state_dir, transport, num_samples, prior)
     result = _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, threshold, selection_noise)
     if all(g.get("samples_png") for g in groups.values()):
         side_by_side(Path(groups["suspect"]["samples_png"]), Path(groups["rest"]["samples_png"]),
@@ -103,25 +123,28 @@ def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: floa
 
 
 def _train_group(cfg: ExperimentConfig, out: Path, name: str, members: list[int], state_dir: Path,
-                 transport: str, num_samples: int) -> dict[str, Any]:
+                 transport: str, num_samples: int, prior: PriorReleases) -> dict[str, Any]:
     if not members:
         return {"clients": [], "note": f"no {name} clients: nothing to train"}
     group_cfg = cfg.replace(client_subset=",".join(map(str, members)), out=str(out / name),
                             clients_per_step=min(cfg.clients_per_step, len(members)))
     run = RunDirectory.create(group_cfg, state_dir=state_dir)
     summary, error = run_on_transport(
-        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport), transport)
+        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior),
+        transport)
     if error is not None:
         raise error
     samples = sorted((run.path / "samples").glob("step-*.png"))
-    eps = {c["client_id"]: c["epsilon"] for c in summary["clients"] if c["client_id"] in members}
+    # Every client, member or not: the selection release of each decided this group.
+    eps = {c["client_id"]: c["epsilon"] for c in summary["clients"]}
     return {
         "clients": members,
         "run_dir": str(run.path),
         "steps_completed": summary["steps_completed"],
-        "epsilon_max_per_client": max(eps.values()),
+        "epsilon_max_per_client": summary["epsilon_max"],
         "epsilon_per_client": eps,
-        "accounting": summary["accounting"] + "; includes each client's selection query (same ledger)",
+        "epsilon_amplified": summary["epsilon_amplified"]["epsilon"],
+        "accounting": summary["accounting"] + "; includes every client's selection query (members and others)",
         "bright_fraction": bright_fraction(run, group_cfg, num_samples),
         "num_samples": num_samples,
         "samples_png": str(samples[-1]) if samples else None,
@@ -154,9 +177,10 @@ def format_result(result: dict[str, Any]) -> str:
              f"{result['threshold']}), precision {result['selection_precision']}, recall {result['selection_recall']}"]
     for name, group in result["groups"].items():
         if "bright_fraction" in group:
+            worst = group["epsilon_max_per_client"]
             lines.append(f"{name:>8}: bright samples {group['bright_fraction']:.1%} of {group['num_samples']} "
                          f"(mean intensity > {result['bright_level']}); ε max per client "
-                         f"{group['epsilon_max_per_client']:.4g} (δ={result['delta']:g})")
+                         f"{'unbounded' if worst is None else format(worst, '.4g')} (δ={result['delta']:g})")
         else:
             lines.append(f"{name:>8}: {group['note']}")
     if "side_by_side_png" in result:

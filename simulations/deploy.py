@@ -99,6 +99,7 @@ class LocalDeployment:
     tls: bool = False
     auth: bool = False
     use_netns: bool = False
+    node_policy: Path | None = None  # every SuperNode's privacy policy file (node config privacy-policy)
     nodes: list[Node] = field(default_factory=list)
     started: list[subprocess.Popen] = field(default_factory=list)
 
@@ -184,6 +185,8 @@ class LocalDeployment:
         state_dir.mkdir(parents=True, exist_ok=True)
         node_config = (f"partition-id={partition} num-partitions={self.num_nodes} "
                        f"state-dir='{state_dir}'")
+        if self.node_policy is not None:
+            node_config += f" privacy-policy='{self.node_policy}'"
         if host is not None:  # the advertised loopback address is not this node's loopback
             node_config += f" dataplane-address='{host.host_ip}:{self.dataplane_port}'"
         args = ["flower-supernode", "--superlink", f"{relay.address[0]}:{relay.address[1]}",
@@ -311,14 +314,17 @@ def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple
     }
 
 
-def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool) -> int:
-    """Run ``cfg`` on a local deployment; same exit codes and run directory as ``fedgan simulate``."""
+def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool,
+                 node_policy: Path | None = None) -> int:
+    """Run ``cfg`` on a local deployment; same exit codes and run directory as ``fedgan simulate``.
+    ``node_policy``: the privacy policy file every SuperNode pins (their node config)."""
     from server.reporting import DEPLOY_DIR, next_run_dir
 
     run_path = (Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)).resolve()
     cfg = cfg.replace(out=str(run_path), data_dir=str(data_root(cfg.data_dir)))
     print(f"run directory: {run_path}", flush=True)
-    with LocalDeployment(run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns) as dep:
+    with LocalDeployment(run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns,
+                         node_policy=node_policy) as dep:
         print(f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
               f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
               f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}", flush=True)

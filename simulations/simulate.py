@@ -14,7 +14,7 @@ from common.config import ExperimentConfig
 from server.reporting import RunDirectory
 
 T = TypeVar("T")
-EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_FAILED = 0, 3, 130, 1
+EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 3, 130, 1, 2
 
 
 def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transport: str = "flower") -> int:
@@ -30,6 +30,11 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if error is not None:
+        from server.loop import NodeRefused
+
+        if isinstance(error, NodeRefused):  # nothing was released: the configuration is the problem
+            print(f"fedgan: error: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"fedgan: the run failed: {type(error).__name__}: {error}", file=sys.stderr)
         print(f"run directory (checkpoint kept): {run.path}", file=sys.stderr)
         return EXIT_FAILED

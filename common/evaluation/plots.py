@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 

@@ -153,7 +153,9 @@ def _epsilon_summary(summary: dict) -> str:
     if finite:
         parts.append(f"min {finite[0]:.4g} · median {statistics.median(finite):.4g} · max {finite[-1]:.4g}")
     if unbounded:
-        parts.append(f"unbounded (null) for {unbounded} client(s): the server sees their raw updates")
+        reason = next((c.get("epsilon_reason") for c in summary.get("clients") or []
+                       if c.get("queries") and c.get("epsilon") is None and c.get("epsilon_reason")), "")
+        parts.append(f"unbounded (null) for {unbounded} client(s)" + (f": {reason}" if reason else ""))
     if not answered:
         parts.append("0 (no client answered a query)")
     idle = len(rows) - len(answered)
@@ -164,6 +166,8 @@ def _amplified(summary: dict) -> str:
     amp = summary.get("epsilon_amplified") or {}
     if not amp:
         return "n/a"
+    if amp.get("epsilon") is None and amp.get("epsilon_reason"):
+        return f"{amp['epsilon_reason']} — {amp.get('assumption', '')}"
     details = [f"q = {_num(amp.get('sample_rate'))}" if "sample_rate" in amp else "",
                f"T = {amp['steps']} steps" if "steps" in amp else "",
                f"noise multiplier {_num(amp.get('query_noise_multiplier'))}" if "query_noise_multiplier" in amp else ""]
@@ -190,15 +194,19 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
         return "n/a" if v is None else f"{v:,.0f} B ({format_bytes(v)})"
 
     get = summary.get
+    mechanism = get("mechanism") or {}
+    amp = get("epsilon_amplified") or {}
+    accountant = str(get("accountant", "rdp")).upper()
     rows = [
         ("strategy", f"{get('strategy', 'n/a')} ({get('status', 'status unknown')})"),
         ("data · model", f"{get('dataset', 'n/a')}, {get('partition', 'n/a')} partition · {get('model', 'n/a')}"),
         ("generator steps", f"{get('steps_completed', 'n/a')} / {get('steps_planned', 'n/a')}"),
-        ("clients", f"K = {get('num_clients', 'n/a')}, m = {get('clients_per_step', 'n/a')} per step, "
-                    f"B = {get('batch_size', 'n/a')}, σ = {get('noise_multiplier', 'n/a')}, C = {get('clip', 'n/a')}"),
-        (f"ε per client, untrusted server (δ = {_num(delta, 'g')})", _epsilon_summary(summary)),
+        ("clients · mechanism", f"K = {get('num_clients', 'n/a')}; "
+                                + (", ".join(f"{k} = {_num(v)}" for k, v in mechanism.items()) or "n/a")),
+        (f"ε {get('epsilon_kind') or 'per client, untrusted server'} (δ = {_num(delta, 'g')}, {accountant})",
+         _epsilon_summary(summary)),
         ("accounting rule", str(get("accounting", "n/a"))),
-        (f"ε amplified, trusted sampling (δ = {_num(delta, 'g')})", _amplified(summary)),
+        (f"ε {amp.get('kind') or 'amplified, trusted sampling'} (δ = {_num(delta, 'g')})", _amplified(summary)),
         ("bytes / step / client", f"down {_bytes(per_step.get('down'))} · up {_bytes(per_step.get('up'))}"),
         ("bytes total", f"down {_bytes(comm.get('bytes_down_total'))} · up {_bytes(comm.get('bytes_up_total'))}"
                         + (f" · wire dtype {get('wire_dtype')}" if get("wire_dtype") else "")),
@@ -262,6 +270,8 @@ def render_report(summary: dict, eval_result: dict | None, plots: dict[str, Any]
         f"<style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(summary.get("run_dir", ""))}</p>',
+        *([f'<p class="statement"><b>NOT PRIVATE</b>: {_e("; ".join(summary["not_private"]))}</p>']
+          if summary.get("not_private") else []),
         "<h2>Run</h2>", _table(headline_rows(summary)), _clients_table(summary),
         "<h2>Evaluation</h2>",
         _table(ev, ("figure", "value", "samples")) if ev else "<p>No evaluation results.</p>",

@@ -1,37 +1,41 @@
-"""Privacy layer: pure math (``analysis``), the sanitizer, the per-client ledger, the statement.
+"""Privacy layer: pure math (``analysis``, ``wor``), typed events, the sanitizer, ledgers, secret
+sampling, the node's own policy and the plain-language statements.
 
 No flwr import: the client and server both use these, and the math is tested on its own.
 """
 
 from .analysis import (
     ORDERS,
-    amplified_epsilon,
     epsilon_from_rdp,
     prv_epsilon,
     prv_epsilon_with_reason,
     query_noise_multiplier,
     rdp_curve,
     rdp_epsilon,
+    unit_rdp,
 )
+from .events import PrivacyEvent
 from .ledger import PrivacyLedger
-from .sanitizer import PrivacyEvent, clip_sample_grads, noise_generator, sanitize_sample_grads
-from .statement import ACCOUNTING_RULE_AMPLIFIED, ACCOUNTING_RULE_PER_CLIENT, privacy_statement
+from .policy import NodePolicy, PolicyError, load_policy
+from .sampling import Sampler
+from .sanitizer import clip_sample_grads, noise_generator, sanitize_sample_grads
 
 __all__ = [
-    "ACCOUNTING_RULE_AMPLIFIED",
-    "ACCOUNTING_RULE_PER_CLIENT",
     "ORDERS",
+    "NodePolicy",
+    "PolicyError",
     "PrivacyEvent",
     "PrivacyLedger",
-    "amplified_epsilon",
+    "Sampler",
     "clip_sample_grads",
     "epsilon_from_rdp",
+    "load_policy",
     "noise_generator",
-    "privacy_statement",
     "prv_epsilon",
     "prv_epsilon_with_reason",
     "query_noise_multiplier",
     "rdp_curve",
     "rdp_epsilon",
     "sanitize_sample_grads",
+    "unit_rdp",
 ]

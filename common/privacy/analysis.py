@@ -25,6 +25,8 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+from .wor import wor_rdp_curve
+
 Event = tuple[float, float, int]
 
 # RDP orders. GS-WGAN's ε are large (hundreds), and large ε is minimised at orders barely above 1
@@ -113,6 +115,16 @@ def rdp_curve(events: Iterable[Event], *, orders: Sequence[float] = ORDERS) -> n
     return total
 
 
+def unit_rdp(noise_multiplier: float, sample_rate: float, sampling: str,
+             orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """RDP curve of ONE run of a Gaussian under ``sampling`` ("none", "poisson", "wor"; see
+    ``events.py``): Opacus' subsampled-Gaussian bound, or Wang et al.'s without replacement."""
+    orders = tuple(float(a) for a in orders)
+    if sampling == "wor":
+        return wor_rdp_curve(float(noise_multiplier), float(sample_rate), orders)
+    return _unit_rdp(float(noise_multiplier), 1.0 if sampling == "none" else float(sample_rate), orders)
+
+
 def epsilon_from_rdp(
     rdp: np.ndarray, *, delta: float, orders: Sequence[float] = ORDERS
 ) -> tuple[float, float]:
@@ -140,19 +152,6 @@ def rdp_epsilon(
     cases. An optimum at the edge of ``orders`` is still a valid (looser) bound; Opacus warns.
     """
     return epsilon_from_rdp(rdp_curve(events, orders=orders), delta=delta, orders=orders)
-
-
-def amplified_epsilon(
-    *, noise_multiplier: float, sample_rate: float, steps: int, delta: float
-) -> float:
-    """ε under the trusted-sampling assumption: ``steps`` runs of the subsampled Gaussian.
-
-    ``noise_multiplier`` is the per-query one (σ/√B, see :func:`query_noise_multiplier`), and
-    ``sample_rate`` is m/K. Opacus' bound is for Poisson subsampling; treating the server's uniform
-    m-of-K choice as such is the assumption DESIGN.md §3 asks to state beside this figure.
-    """
-    eps, _ = rdp_epsilon([(noise_multiplier, sample_rate, steps)], delta=delta)
-    return eps
 
 
 def prv_epsilon(events: Iterable[Event], *, delta: float) -> float | None:

@@ -1,9 +1,14 @@
-"""A client's privacy ledger: the run-length history of the queries it actually answered.
+"""A privacy ledger: the run-length history of the releases that actually happened.
 
-Mirrors Opacus' accountant (history of ``(noise_multiplier, sample_rate, count)``, ``state_dict``),
-with ε cached per ledger state because the server asks for every client's ε at each logging
-interval. ε of n identical queries costs one RDP evaluation (the curve of one run is cached in
-``analysis`` and scaled by the count).
+Mirrors Opacus' accountant (a history of events, ``state_dict``), with ε cached per ledger state
+because the server asks for every client's ε at each logging interval. ε of n identical releases
+costs one RDP evaluation (the curve of one run is cached in ``analysis`` and scaled by the count).
+
+Every ε the system prints comes from a ledger (``headline``, ``rdp_epsilon``, ``prv_epsilon``):
+a client's own ledger for per-client figures, a server-side ledger for the figures that rest on
+the server's sampling. A ledger holding a void event (``events.py``) has an unbounded ε, reported
+as null with the reason; ``nominal_rdp_epsilon`` ignores the void marks and serves only the budget
+check, so that a debugging run still stops where a private one would.
 """
 
 from __future__ import annotations
@@ -11,33 +16,41 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping
 
-from .analysis import check_delta, prv_epsilon_with_reason, rdp_epsilon
-from .sanitizer import PrivacyEvent
+import numpy as np
+
+from .analysis import ORDERS, check_delta, epsilon_from_rdp, prv_epsilon_with_reason, unit_rdp
+from .events import PrivacyEvent
 
 ACCOUNTANTS = ("rdp", "prv")
-LEDGER_FORMAT = "fedgan.privacy_ledger/1"
+LEDGER_FORMAT = "fedgan.privacy_ledger/2"
+_FORMATS = (LEDGER_FORMAT, "fedgan.privacy_ledger/1")  # format 1: events without sampling/void fields
 
 
 def _merged(history: list[PrivacyEvent], event: PrivacyEvent) -> list[PrivacyEvent]:
     """``history`` with ``event`` appended, merged into the last run when it is the same mechanism."""
     if history and history[-1].same_mechanism(event):
-        last = history[-1]
-        return history[:-1] + [
-            PrivacyEvent(
-                noise_multiplier=last.noise_multiplier,
-                sample_rate=last.sample_rate,
-                count=last.count + event.count,
-            )
-        ]
+        return history[:-1] + [event.times(history[-1].count + event.count)]
     return history + [event]
 
 
-def _rdp(history: Iterable[PrivacyEvent], delta: float) -> tuple[float, float]:
-    return rdp_epsilon([e.astuple() for e in history], delta=delta)
+def _check_adjacency(history: list[PrivacyEvent]) -> None:
+    """Poisson bounds are for add/remove adjacency, without-replacement ones for replace-one: a
+    ledger composing both would mix two notions of neighbouring data sets."""
+    kinds = {e.sampling for e in history}
+    if {"poisson", "wor"} <= kinds:
+        raise ValueError("a ledger cannot compose Poisson-sampled (add/remove) and without-replacement "
+                         "(replace-one) events")
+
+
+def _curve(history: Iterable[PrivacyEvent]) -> np.ndarray:
+    total = np.zeros(len(ORDERS))
+    for e in history:
+        total = total + e.count * unit_rdp(e.noise_multiplier, e.sample_rate, e.sampling, ORDERS)
+    return total
 
 
 class PrivacyLedger:
-    """Run-length history of answered queries, with cached ε (RDP headline, PRV beside it)."""
+    """Run-length history of releases, with cached ε (RDP headline, PRV beside it)."""
 
     def __init__(self, events: Iterable[PrivacyEvent] = ()) -> None:
         self._history: list[PrivacyEvent] = []
@@ -47,11 +60,16 @@ class PrivacyLedger:
 
     # --- recording ----------------------------------------------------------------------------
     def record(self, event: PrivacyEvent) -> None:
-        """Charge one answered query (or ``event.count`` identical ones)."""
+        """Charge one release (or ``event.count`` identical ones)."""
         if not isinstance(event, PrivacyEvent):
             raise TypeError(f"expected a PrivacyEvent, got {type(event).__name__}")
-        self._history = _merged(self._history, event)
+        history = _merged(self._history, event)
+        _check_adjacency(history)
+        self._history = history
         self._cache.clear()
+
+    def copy(self) -> PrivacyLedger:
+        return PrivacyLedger(self._history)
 
     @property
     def history(self) -> tuple[PrivacyEvent, ...]:
@@ -59,24 +77,43 @@ class PrivacyLedger:
 
     @property
     def queries(self) -> int:
-        """Total number of answered queries."""
+        """Total number of releases recorded."""
         return sum(e.count for e in self._history)
 
+    @property
+    def void_reasons(self) -> tuple[str, ...]:
+        """Why this ledger's ε is unbounded although noise was added (distinct, in order)."""
+        return tuple(dict.fromkeys(e.void for e in self._history if e.void))
+
     # --- epsilon ------------------------------------------------------------------------------
-    def rdp_epsilon(self, *, delta: float) -> tuple[float, float]:
-        """(ε, best order) of everything recorded, RDP accountant, cached until the next record."""
-        key = ("rdp", delta)
+    def _cached(self, key: tuple[str, float], compute) -> Any:
         if key not in self._cache:
-            self._cache[key] = _rdp(self._history, delta)
+            self._cache[key] = compute()
         return self._cache[key]
+
+    def nominal_rdp_epsilon(self, *, delta: float) -> tuple[float, float]:
+        """(ε, best order) of the mechanisms as if every release had been private (void marks
+        ignored). For the budget check only: never report it as a guarantee."""
+        return self._cached(("nominal", delta), lambda: epsilon_from_rdp(_curve(self._history), delta=delta))
+
+    def rdp_epsilon(self, *, delta: float) -> tuple[float, float]:
+        """(ε, best order) of everything recorded, RDP accountant; (inf, nan) when any release was void."""
+        if self.void_reasons:
+            check_delta(delta)
+            return math.inf, math.nan
+        return self.nominal_rdp_epsilon(delta=delta)
 
     def prv_epsilon(self, *, delta: float) -> tuple[float | None, str | None]:
         """(ε, None) from PRV, or (None, reason) where PRV cannot give a sound number."""
         check_delta(delta)
-        key = ("prv", delta)
-        if key not in self._cache:
-            self._cache[key] = prv_epsilon_with_reason([e.astuple() for e in self._history], delta=delta)
-        return self._cache[key]
+        return self._cached(("prv", delta), lambda: self._prv(delta))
+
+    def _prv(self, delta: float) -> tuple[float | None, str | None]:
+        if self.void_reasons:
+            return math.inf, None
+        if any(e.sampling == "wor" for e in self._history):
+            return None, "PRV has no bound for sampling without replacement; use the RDP value"
+        return prv_epsilon_with_reason([e.astuple() for e in self._history], delta=delta)
 
     def epsilon(self, *, delta: float, accountant: str = "rdp") -> float | None:
         """ε of the ledger; ``accountant="prv"`` may give None (see ``prv_epsilon``)."""
@@ -85,6 +122,27 @@ class PrivacyLedger:
         if accountant == "prv":
             return self.prv_epsilon(delta=delta)[0]
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+
+    def unbounded_reason(self) -> str | None:
+        """Why ε is unbounded (void releases, or a release without noise), else None."""
+        if self.void_reasons:
+            return "unbounded: NOT PRIVATE: " + "; ".join(self.void_reasons)
+        if any(e.noise_multiplier == 0 for e in self._history):
+            return "unbounded: a release carried no noise (noise multiplier 0)"
+        return None
+
+    def headline(self, *, delta: float, accountant: str = "rdp") -> tuple[float, str | None]:
+        """(ε, reason) for reports: the chosen accountant's ε, or RDP where PRV cannot give one
+        (the reason says so); inf with the reason when ε is unbounded."""
+        reason = self.unbounded_reason()
+        if reason is not None:
+            return math.inf, reason
+        if accountant == "prv":
+            eps, why = self.prv_epsilon(delta=delta)
+            if eps is not None:
+                return eps, None
+            return self.rdp_epsilon(delta=delta)[0], f"RDP shown: PRV not available ({why})"
+        return self.epsilon(delta=delta, accountant=accountant), None
 
     def epsilon_both(self, *, delta: float) -> dict[str, Any]:
         """JSON-ready ``{"epsilon", "epsilon_prv", "epsilon_prv_reason", "order", "queries"}``.
@@ -102,17 +160,27 @@ class PrivacyLedger:
         }
 
     def would_exceed(self, *, budget: float, delta: float, next_event: PrivacyEvent) -> bool:
-        """True when answering ``next_event`` would push the RDP ε above ``budget`` (0: no budget).
+        """True when recording ``next_event`` would push the RDP ε above ``budget`` (0: no budget).
 
         Computed on exactly the history ``record`` would produce, so a client that answers only
-        when this is False never ends with ε > budget.
+        when this is False never ends with ε > budget. Void marks are ignored (nominal ε): a
+        debugging run, already unbounded, still stops where a private run would.
         """
         if budget < 0 or math.isnan(budget):
             raise ValueError(f"budget must be >= 0, got {budget}")
-        if budget == 0:
+        if budget == 0 or math.isinf(budget):
             return False
-        eps, _ = _rdp(_merged(self._history, next_event), delta)
+        eps, _ = epsilon_from_rdp(_curve(_merged(self._history, next_event)), delta=delta)
         return eps > budget
+
+    # --- comparison ---------------------------------------------------------------------------
+    def exceeds(self, other: PrivacyLedger, *, delta: float) -> bool:
+        """True when this ledger accounts for strictly more than ``other`` (larger ε; equal ε: more
+        releases). Where two records of the same client disagree, reports keep the larger."""
+        mine, theirs = self.rdp_epsilon(delta=delta)[0], other.rdp_epsilon(delta=delta)[0]
+        if mine != theirs:
+            return mine > theirs
+        return self.queries > other.queries
 
     # --- persistence --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -121,11 +189,12 @@ class PrivacyLedger:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the history with ``state`` (validated; an unknown format is an error)."""
-        if not isinstance(state, Mapping) or state.get("format") != LEDGER_FORMAT:
+        if not isinstance(state, Mapping) or state.get("format") not in _FORMATS:
             raise ValueError(f"not a privacy ledger state (expected format {LEDGER_FORMAT!r})")
         history: list[PrivacyEvent] = []
         for item in state["history"]:
             history = _merged(history, PrivacyEvent.from_dict(item))
+        _check_adjacency(history)
         self._history = history
         self._cache.clear()
 
@@ -140,6 +209,7 @@ class PrivacyLedger:
 
     def __repr__(self) -> str:
         runs = ", ".join(
-            f"{e.count}×(nm={e.noise_multiplier:.4g}, q={e.sample_rate:.4g})" for e in self._history
+            f"{e.count}×(nm={e.noise_multiplier:.4g}, q={e.sample_rate:.4g}, {e.sampling}"
+            + (f", VOID {e.void}" if e.void else "") + ")" for e in self._history
         )
         return f"PrivacyLedger({runs})"

@@ -8,56 +8,14 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
-from typing import Any, Mapping
 
 import torch
 
-from .analysis import Event, check_event, query_noise_multiplier
+from .analysis import query_noise_multiplier
+from .events import PrivacyEvent
 
 # Added to the norm before dividing so an all-zero gradient is scaled by 1 instead of 0/0.
 _NORM_EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class PrivacyEvent:
-    """``count`` runs of a Gaussian mechanism, noise std = ``noise_multiplier`` × L2 sensitivity.
-
-    ``sample_rate`` is 1 for a GS-WGAN query seen by the client itself (it knows it was asked, so
-    there is no amplification from its point of view).
-    """
-
-    noise_multiplier: float
-    sample_rate: float
-    count: int = 1
-
-    def __post_init__(self) -> None:
-        check_event(self.astuple())
-        if self.count < 1:
-            raise ValueError(f"count must be >= 1, got {self.count}")
-
-    def astuple(self) -> Event:
-        """The ``(noise_multiplier, sample_rate, count)`` triple that ``analysis`` composes."""
-        return (self.noise_multiplier, self.sample_rate, self.count)
-
-    def same_mechanism(self, other: PrivacyEvent) -> bool:
-        """True when ``other`` is the same mechanism, so the two can be merged into one run."""
-        return (self.noise_multiplier, self.sample_rate) == (other.noise_multiplier, other.sample_rate)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "noise_multiplier": float(self.noise_multiplier),
-            "sample_rate": float(self.sample_rate),
-            "count": int(self.count),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyEvent:
-        return cls(
-            noise_multiplier=float(data["noise_multiplier"]),
-            sample_rate=float(data["sample_rate"]),
-            count=int(data.get("count", 1)),
-        )
 
 
 def noise_generator(
@@ -75,24 +33,28 @@ def noise_generator(
 
 
 def sanitize_sample_grads(
-    grads: torch.Tensor, *, clip: float, noise_multiplier: float, generator: torch.Generator
+    grads: torch.Tensor, *, clip: float, noise_multiplier: float, generator: torch.Generator, void: str = ""
 ) -> tuple[torch.Tensor, PrivacyEvent]:
     """Clip each sample's gradient to L2 norm ``clip`` and add N(0, (2σC)²) per coordinate.
 
     ``grads`` is ``[B, ...]``; the norm is over all non-batch dimensions. Replace-one sensitivity of
     one clipped sample is 2C, so noise std 2σC makes each sample a σ-Gaussian mechanism and the B
-    samples together one mechanism with noise multiplier σ/√B (returned as the event).
+    samples together one mechanism with noise multiplier σ/√B (returned as the event). ``void``
+    names why this release is not private after all (a seeded ``generator``), for the event.
 
     σ=0 releases the clipped gradients in the clear; its event (noise multiplier 0) makes ε infinite.
     The noise is drawn on ``generator``'s device and moved to ``grads``' device.
 
-    Raises ValueError on NaN/inf gradients: clipping would turn NaN into NaN and inf into a
-    data-dependent direction, and answering would charge the ledger for a useless reply.
+    A per-sample gradient holding NaN or inf (a diverged discriminator) is replaced by zeros before
+    clipping: a zero vector is within the bound, so the answer is noised and charged like any other.
+    Refusing instead would make whether (and how many) samples were bad a data-dependent release,
+    and an error message counting them would reach the server unaccounted.
     """
     _check_inputs(grads, clip=clip, noise_multiplier=noise_multiplier)
     batch_size = grads.shape[0]
     with torch.no_grad():
         work = grads.detach().to(torch.promote_types(grads.dtype, torch.float32))
+        work = zero_non_finite_rows(work)
         clipped = clip_sample_grads(work, clip=clip)
         if noise_multiplier > 0:
             noise = torch.randn(
@@ -103,8 +65,17 @@ def sanitize_sample_grads(
     event = PrivacyEvent(
         noise_multiplier=query_noise_multiplier(noise_multiplier=noise_multiplier, batch_size=batch_size),
         sample_rate=1.0,
+        void=void,
     )
     return sanitized, event
+
+
+def zero_non_finite_rows(grads: torch.Tensor) -> torch.Tensor:
+    """``grads`` with every sample (row) that holds a NaN or inf set to zero."""
+    finite = torch.isfinite(grads.reshape(grads.shape[0], -1)).all(dim=1)
+    if bool(finite.all()):
+        return grads
+    return torch.where(finite.view(-1, *([1] * (grads.dim() - 1))), grads, torch.zeros_like(grads))
 
 
 def clip_sample_grads(grads: torch.Tensor, *, clip: float) -> torch.Tensor:
@@ -123,9 +94,3 @@ def _check_inputs(grads: torch.Tensor, *, clip: float, noise_multiplier: float) 
         raise ValueError(f"clip must be finite and > 0, got {clip}")
     if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
-    if not bool(torch.isfinite(grads).all()):
-        bad = int((~torch.isfinite(grads.reshape(grads.shape[0], -1))).any(dim=1).sum())
-        raise ValueError(
-            f"{bad} of {grads.shape[0]} per-sample gradients contain NaN or inf; refusing to "
-            "sanitize (the discriminator has diverged; nothing was released or charged)"
-        )

@@ -1,123 +1,222 @@
-"""Plain-language privacy statement generated from the clients' ledgers (DESIGN.md §3).
+"""Every figure and sentence a report states about privacy, generated in one place from ledgers.
 
-Every ε here comes from what the ledgers recorded, and is printed with δ, the accountant and the
-rule that applies.
+Strategies hand over ledgers (each client's record, the server's record of its sampling); this
+module turns them into the per-client entries, the server-side figure and the plain-language
+statement of metrics.jsonl, summary.json, privacy.json, report.html and the terminal. Each ε is a
+ledger's (``PrivacyLedger.headline``), printed with δ, the accountant and the rule that applies;
+an unbounded one is null with its reason, and a ledger holding a non-private release makes the
+whole statement start with NOT PRIVATE.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from typing import Any, Iterable, Mapping
 
-from .analysis import amplified_epsilon, check_delta, query_noise_multiplier
 from .ledger import PrivacyLedger
 
-ACCOUNTING_RULE_PER_CLIENT = (
+RULE_PER_CLIENT = (
     "per-client, untrusted server: each answered query is one Gaussian mechanism with noise "
     "multiplier σ/√B (sensitivity 2C, noise std 2σC, B samples per query), composed over the "
-    "client's own queries without amplification; Opacus RDP accountant (PRV beside it)"
+    "client's own queries without amplification"
 )
-ACCOUNTING_RULE_AMPLIFIED = (
-    "amplified, trusted sampling (an assumption about the server): the server samples m of K "
-    "clients uniformly each generator step, treated as a Poisson-subsampled Gaussian with "
-    "q = m/K and noise multiplier σ/√B over the T generator steps that ran; Opacus RDP accountant"
+RULE_AMPLIFIED_WOR = (
+    "amplified, trusted sampling (an assumption about the server): each generator step the server "
+    "draws m of the K_t clients still available uniformly without replacement from a CSPRNG, and "
+    "records q_t = m/K_t in its own ledger; subsampled Gaussian without replacement, replace-one "
+    "adjacency (Wang, Balle, Kasiviswanathan 2019, Thm. 27) with noise multiplier σ/√B, composed "
+    "over the steps that were sent"
 )
+RULE_DPGAN = (
+    "example-level, trusted curator: DP-SGD on the discriminator (Opacus; Poisson sampling q = B/N "
+    "from a CSPRNG, per-example clipping of real and fake rows to C, noise σC), composed over the "
+    "discriminator steps that ran; generator steps are post-processing"
+)
+RULE_FEDAVG_USER = (
+    "user-level DP-FedAvg, trusted server (an assumption about the server): each round every client "
+    "is sampled independently with probability q = m/K from a CSPRNG, each sampled client's whole "
+    "discriminator delta is clipped to S, N(0, (zS)^2) is added to the sum, which is divided by the "
+    "fixed m; Poisson-subsampled Gaussian (add/remove adjacency) with noise multiplier z over the "
+    "rounds that ran"
+)
+RULE_FEDAVG_UNTRUSTED = (
+    "per-client, untrusted server: unbounded, each sampled client sends its raw discriminator delta "
+    "to the server (see epsilon_amplified for the trusted-server figure)"
+)
+KIND_PER_CLIENT = "per client, untrusted server"
+KIND_EXAMPLE = "per example, trusted curator"
+KIND_AMPLIFIED = "amplified, trusted sampling"
+KIND_USER = "user-level, trusted server"
+ACCOUNTANT_NAMES = {"rdp": "Opacus RDP accountant (PRV beside it)", "prv": "Opacus PRV accountant (RDP beside it)"}
+WOR_ACCOUNTANT = "RDP (Wang et al.'s bound, computed by fedgan; PRV has none for this sampling)"
 
 # Above this ε the formal (ε, δ) guarantee says little; the statement says so in words.
 WEAK_GUARANTEE_EPSILON = 10.0
+DO_NOT_PUBLISH = (
+    "Release only the generator (checkpoint.pt's released_generator, samples/, reports). Never publish "
+    "clients/: in a simulation it holds every client's raw partition, its un-noised discriminator and "
+    "optimizer state, and its ledger; on a real node that is the node's own disk."
+)
 
 
-def _fmt(eps: float | None) -> str:
-    if eps is None:
-        return "not available"
-    if math.isinf(eps):
-        return "unbounded (no noise)"
+def _json_eps(eps: float) -> float | None:
+    return eps if math.isfinite(eps) else None
+
+
+def fmt_epsilon(eps: float | None) -> str:
+    if eps is None or math.isinf(eps):
+        return "unbounded"
     return f"{eps:.3g}" if eps < 100 else f"{eps:,.0f}"
 
 
-def _per_client_sentence(ledgers: dict[int, PrivacyLedger], *, delta: float) -> str:
+# --- figures ------------------------------------------------------------------------------------
+def client_entry(client_id: int, ledger: PrivacyLedger, *, delta: float, accountant: str,
+                 final: bool = False) -> dict[str, Any]:
+    """One client's figures from its ledger: ``epsilon`` is the headline (``accountant``), null when
+    unbounded with ``epsilon_reason``; ``epsilon_rdp``/``epsilon_prv`` beside it (PRV at the end)."""
+    eps, reason = ledger.headline(delta=delta, accountant=accountant) if ledger.queries else (0.0, None)
+    entry = {"client_id": client_id, "queries": ledger.queries, "epsilon": _json_eps(eps),
+             "epsilon_reason": reason or ""}
+    if final:
+        entry["epsilon_rdp"] = _json_eps(ledger.rdp_epsilon(delta=delta)[0])
+        entry["epsilon_prv"] = ledger.epsilon_both(delta=delta)["epsilon_prv"] if ledger.queries else 0.0
+        entry["epsilon_prv"] = None if entry["epsilon_prv"] is None else _json_eps(entry["epsilon_prv"])
+        entry["ledger"] = ledger.state_dict()
+    return entry
+
+
+def max_epsilon(entries: Iterable[Mapping[str, Any]]) -> float | None:
+    """Largest headline ε over entries that released something; None if any is unbounded."""
+    values = [e["epsilon"] for e in entries if e["queries"] > 0]
+    if any(v is None for v in values):
+        return None
+    return max(values, default=0.0)
+
+
+def server_entry(ledger: PrivacyLedger, *, delta: float, accountant: str, kind: str, rule: str,
+                 final: bool = False) -> dict[str, Any]:
+    """The figure that rests on the server's behaviour (amplified or user-level), from its ledger."""
+    eps, reason = ledger.headline(delta=delta, accountant=accountant) if ledger.queries else (0.0, None)
+    history = ledger.history
+    entry = {
+        "epsilon": _json_eps(eps),
+        "epsilon_reason": reason or "",
+        "kind": kind,
+        "assumption": rule,
+        "steps": ledger.queries,
+        "sample_rate": max((e.sample_rate for e in history), default=0.0),
+        "query_noise_multiplier": min((e.noise_multiplier for e in history), default=0.0),
+        "sampling": "+".join(dict.fromkeys(e.sampling for e in history)),
+    }
+    if final:
+        entry["ledger"] = ledger.state_dict()
+    return entry
+
+
+def not_private_reasons(ledgers: Iterable[PrivacyLedger]) -> list[str]:
+    """Distinct reasons why some ledger's releases were not private (empty: none)."""
+    return list(dict.fromkeys(r for ledger in ledgers for r in ledger.void_reasons))
+
+
+def not_private_notice(reasons: list[str]) -> str:
+    if not reasons:
+        return ""
+    return "NOT PRIVATE: " + "; ".join(reasons) + ". Every epsilon that covers these releases is unbounded. "
+
+
+# --- statements ---------------------------------------------------------------------------------
+def _weak(eps: float | None) -> str:
+    if eps is None or eps > WEAK_GUARANTEE_EPSILON:
+        return (f" At ε above about {WEAK_GUARANTEE_EPSILON:g} (or unbounded) the formal guarantee is weak: it "
+                "does not rule out that the generator reveals individual training examples.")
+    return ""
+
+
+def _per_client_sentence(ledgers: Mapping[int, PrivacyLedger], *, delta: float, accountant: str,
+                         what: str) -> tuple[str, float | None]:
     active = {cid: ledger for cid, ledger in ledgers.items() if ledger.queries > 0}
     if not active:
-        return "Per-client guarantee (headline, untrusted server): no client has answered a query, so ε = 0."
-    eps = {cid: ledger.epsilon(delta=delta) for cid, ledger in active.items()}
-    worst = max(eps, key=lambda cid: eps[cid])
-    prv, reason = active[worst].prv_epsilon(delta=delta)
-    prv_text = _fmt(prv) if prv is not None else f"not available ({reason})"
+        return f"Per-client guarantee ({KIND_PER_CLIENT}): no client has released anything, so ε = 0.", 0.0
+    entries = {cid: client_entry(cid, ledger, delta=delta, accountant=accountant) for cid, ledger in active.items()}
+    unbounded = [cid for cid, e in entries.items() if e["epsilon"] is None]
     counts = [ledger.queries for ledger in active.values()]
-    return (
-        f"Per-client guarantee (headline, untrusted server): {len(active)} of {len(ledgers)} clients "
-        f"answered {sum(counts)} queries ({min(counts)} to {max(counts)} each). The most exposed "
-        f"client ({worst}, {active[worst].queries} queries) has ε = {_fmt(eps[worst])} (RDP; PRV: "
-        f"{prv_text}); the median over answering clients is ε = {_fmt(statistics.median(eps.values()))}; "
-        f"clients that answered nothing have ε = 0. Rule: {ACCOUNTING_RULE_PER_CLIENT}."
-    )
+    lead = (f"Per-client guarantee ({KIND_PER_CLIENT}): {len(active)} of {len(ledgers)} clients made "
+            f"{sum(counts)} releases ({what}; {min(counts)} to {max(counts)} each); ")
+    if unbounded:
+        return lead + (f"ε is unbounded for {len(unbounded)} of them ({entries[unbounded[0]]['epsilon_reason']}); "
+                       "clients that released nothing have ε = 0."), None
+    worst = max(entries, key=lambda c: entries[c]["epsilon"])
+    prv, why = active[worst].prv_epsilon(delta=delta)
+    beside = f"PRV {fmt_epsilon(prv)}" if prv is not None else f"PRV not available: {why}"
+    median = statistics.median(e["epsilon"] for e in entries.values())
+    return lead + (f"the most exposed client ({worst}, {active[worst].queries} releases) has ε = "
+                   f"{fmt_epsilon(entries[worst]['epsilon'])} ({beside}); the median is ε = {fmt_epsilon(median)}; "
+                   "clients that released nothing have ε = 0."), entries[worst]["epsilon"]
 
 
-def _amplified_sentence(
-    ledgers: dict[int, PrivacyLedger],
-    *,
-    delta: float,
-    clients_per_step: int,
-    num_clients: int,
-    steps: int,
-    query_nm: float,
-) -> str:
-    # Conservative against a ledger/config mismatch: use the smallest noise multiplier any ledger
-    # recorded, and at least as many steps as the recorded queries require.
-    recorded = {e.noise_multiplier for ledger in ledgers.values() for e in ledger.history}
-    nm = min(recorded | {query_nm})
-    total = sum(ledger.queries for ledger in ledgers.values())
-    steps = max(steps, math.ceil(total / clients_per_step))
-    q = clients_per_step / num_clients
-    eps = amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=steps, delta=delta)
-    mismatch = (
-        f" (ledgers record a noise multiplier of {nm:.4g}, below the configured "
-        f"{query_nm:.4g}; the smaller is used)"
-        if nm < query_nm
-        else ""
-    )
-    return (
-        f"Amplified guarantee (secondary, assumes the server samples {clients_per_step} of "
-        f"{num_clients} clients uniformly at random, which a client cannot verify): ε = {_fmt(eps)} "
-        f"after {steps} generator steps (q = {q:.4g}, noise multiplier {nm:.4g}){mismatch}. "
-        f"Rule: {ACCOUNTING_RULE_AMPLIFIED}."
-    )
+def _server_sentence(ledger: PrivacyLedger, *, delta: float, accountant: str, lead: str) -> str:
+    entry = server_entry(ledger, delta=delta, accountant=accountant, kind="", rule="")
+    if entry["epsilon"] is None:
+        return f"{lead}: ε is unbounded ({entry['epsilon_reason']})."
+    return (f"{lead}: ε = {fmt_epsilon(entry['epsilon'])} over {entry['steps']} recorded steps "
+            f"(largest sampling rate {entry['sample_rate']:.4g}, noise multiplier {entry['query_noise_multiplier']:.4g}).")
 
 
-def privacy_statement(
-    ledgers: dict[int, PrivacyLedger],
-    *,
-    delta: float,
-    clients_per_step: int,
-    num_clients: int,
-    steps: int,
-    noise_multiplier: float,
-    batch_size: int,
-) -> str:
-    """One paragraph stating what the released generator guarantees, generated from the ledgers.
+def gswgan_statement(ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, *, delta: float,
+                     accountant: str, noise_multiplier: float, batch_size: int,
+                     prior: str = "") -> str:
+    """GS-WGAN: the per-client headline from the clients' ledgers, the amplified figure from the
+    server's record of its sampling. ``prior`` describes releases made before this run that its
+    ledgers include (the debugging task's selection query)."""
+    nm = noise_multiplier / math.sqrt(batch_size)
+    intro = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Each answered query releases "
+             f"B = {batch_size} noisy per-sample generator gradients (each clipped to norm C, noise std 2σC with "
+             f"σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}.")
+    per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
+    amplified = _server_sentence(server, delta=delta, accountant=accountant,
+                                 lead="Amplified guarantee (secondary; assumes the server's sampling is secret "
+                                      "and uniform, which a client cannot verify)")
+    amp_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
+    if worst is not None and math.isfinite(amp_eps) and amp_eps > worst:
+        amplified += (" Amplification does not help at this noise level: this bound is above the per-client ε, "
+                      "which holds with a trusted server too.")
+    parts = [intro, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
+    if prior:
+        parts.append(prior)
+    return _assemble(list(ledgers.values()) + [server], parts, worst)
 
-    ``steps`` is the number of generator steps that ran; ``noise_multiplier`` is σ (the per-sample
-    one) and ``batch_size`` B, used for the description and the amplified figure.
-    """
-    check_delta(delta)
-    if not 1 <= clients_per_step <= num_clients:
-        raise ValueError(f"need 1 <= clients_per_step <= num_clients, got {clients_per_step}, {num_clients}")
-    query_nm = query_noise_multiplier(noise_multiplier=noise_multiplier, batch_size=batch_size)
-    intro = (
-        f"Privacy statement (δ = {delta:g}). Each answered query releases B = {batch_size} noisy "
-        f"per-sample generator gradients (each clipped to norm C, noise std 2σC with σ = "
-        f"{noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {query_nm:.4g}."
-    )
-    per_client = _per_client_sentence(ledgers, delta=delta)
-    amplified = _amplified_sentence(
-        ledgers, delta=delta, clients_per_step=clients_per_step, num_clients=num_clients,
-        steps=steps, query_nm=query_nm,
-    )
-    worst = max((ledger.epsilon(delta=delta) for ledger in ledgers.values()), default=0.0)
-    caveat = (
-        f" At ε above about {WEAK_GUARANTEE_EPSILON:g} the formal guarantee is weak: it does not rule "
-        "out that the generator reveals individual training examples."
-        if worst > WEAK_GUARANTEE_EPSILON
-        else ""
-    )
-    return " ".join([intro, per_client, amplified]) + caveat
+
+def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str) -> str:
+    """Centralized DPGAN: one curator ledger, example-level."""
+    entry = client_entry(0, ledger, delta=delta, accountant=accountant)
+    last = ledger.history[-1] if ledger.history else None
+    eps = entry["epsilon"]
+    body = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Centralized DPGAN: every training "
+            f"example is protected at ε = {fmt_epsilon(eps)}"
+            + (f" ({entry['epsilon_reason']})" if entry["epsilon_reason"] else "")
+            + f" by DP-SGD on the discriminator over {ledger.queries} noisy steps"
+            + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
+            + ". This assumes the curator node that pools the data is trusted.")
+    return _assemble([ledger], [body, f"Rule: {RULE_DPGAN}."], eps)
+
+
+def fedavg_statement(ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, *, delta: float,
+                     accountant: str, clip: float, noise_multiplier: float) -> str:
+    """Fed-Avg GAN: unbounded per client against the server; user-level with a trusted server."""
+    intro = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
+             f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm S = {clip:g} "
+             f"and the server adds Gaussian noise of std zS (z = {noise_multiplier:g}) to their sum.")
+    per_client, _ = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="raw deltas sent")
+    user = _server_sentence(server, delta=delta, accountant=accountant,
+                            lead="With a trusted server that samples secretly and adds the noise, user-level")
+    server_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
+    parts = [intro, per_client, f"Rule: {RULE_FEDAVG_UNTRUSTED}.", user, f"Rule: {RULE_FEDAVG_USER}."]
+    # The clients' void marks (raw deltas) are the strategy, not a debugging option: only the
+    # server's record decides whether the trusted-server figure is NOT PRIVATE.
+    return _assemble([server], parts, _json_eps(server_eps))
+
+
+def _assemble(ledgers: list[PrivacyLedger], parts: list[str], worst: float | None) -> str:
+    notice = not_private_notice(not_private_reasons(ledgers))
+    return notice + " ".join(parts) + _weak(worst)

@@ -6,7 +6,7 @@ import importlib
 
 from common.config import ExperimentConfig
 
-from .base import Incoming, Outgoing, StepOutcome, Strategy
+from .base import Incoming, Outgoing, PriorReleases, StepOutcome, Strategy
 
 # name -> (module, class); imported only when used, so one strategy's dependencies never
 # burden another's runs.
@@ -17,11 +17,15 @@ REGISTRY = {
 }
 
 
-def build_strategy(cfg: ExperimentConfig, num_classes: int, state_dir: str) -> Strategy:
+def build_strategy(cfg: ExperimentConfig, num_classes: int, state_dir: str,
+                   prior: PriorReleases | None = None) -> Strategy:
     if cfg.strategy not in REGISTRY:
         raise ValueError(f"strategy {cfg.strategy!r} is not implemented; choose one of {sorted(REGISTRY)}")
     module, cls = REGISTRY[cfg.strategy]
-    return getattr(importlib.import_module(module), cls)(cfg, num_classes, state_dir)
+    strategy_cls = getattr(importlib.import_module(module), cls)
+    if prior is not None:
+        return strategy_cls(cfg, num_classes, state_dir, prior=prior)
+    return strategy_cls(cfg, num_classes, state_dir)
 
 
-__all__ = ["Incoming", "Outgoing", "StepOutcome", "Strategy", "build_strategy"]
+__all__ = ["Incoming", "Outgoing", "PriorReleases", "StepOutcome", "Strategy", "build_strategy"]

@@ -7,12 +7,17 @@ loop's. Baseline strategies (DPGAN, Fed-Avg GAN) plug in by implementing the sam
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import RecordDict
 from torch import nn
+
+from client.flower_wire import decode_records
+from common.codec import PayloadError
+from common.privacy import PrivacyEvent, PrivacyLedger
 
 
 @dataclass
@@ -40,6 +45,29 @@ class StepOutcome:
     exhausted_nodes: list[int] = field(default_factory=list)
     failed_nodes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PriorReleases:
+    """Releases made before this run that its generator depends on: the debugging task's selection
+    query (every client's noisy accuracy decided who takes part). The strategy starts its record of
+    each client and its own server-side ledger from these, so every report of the run covers them,
+    also for clients outside the run's subset."""
+
+    clients: dict[int, PrivacyLedger] = field(default_factory=dict)
+    server: list[PrivacyEvent] = field(default_factory=list)
+    description: str = ""
+
+
+def ledger_from_reply(reply: Incoming) -> PrivacyLedger | None:
+    """The client ledger a hello or ledger reply carries (None: none, or unreadable)."""
+    if reply.content is None:
+        return None
+    try:
+        text = decode_records(reply.content)[1].get("ledger")
+        return None if text is None else PrivacyLedger.from_state_dict(json.loads(str(text)))
+    except (PayloadError, ValueError, KeyError, TypeError):
+        return None
 
 
 class Strategy(ABC):
@@ -87,6 +115,7 @@ class Strategy(ABC):
         """Messages asking clients for their own ledgers at the end of a run (default: none)."""
         return []
 
-    def absorb_ledgers(self, replies: list[Incoming]) -> list[str]:
-        """Take the clients' authoritative ledgers; returns notes for the run (default: none)."""
+    def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
+        """Take the ledgers the clients sent (at the hello: ``final`` False; at the end of the run);
+        returns notes for the run (default: none)."""
         return []

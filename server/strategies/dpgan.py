@@ -2,13 +2,14 @@
 
 All partitions are pooled on one curator node (client 0), which trains D with DP-SGD and G by
 post-processing, and returns G's weights every round; the server keeps the EMA (the released model),
-checkpoints and reports like any other strategy. ε is example-level, from the node's own ledger of
-the discriminator steps that added noise (Poisson sampling q = B/N; Opacus RDP, PRV beside it).
+checkpoints and reports like any other strategy. ε is example-level, from the curator's own ledger
+of the discriminator steps that added noise (secret Poisson sampling q = B/N; Opacus RDP, PRV beside
+it). The server's record charges the round's planned steps when it is sent, and takes the node's
+ledger from every reply and at the end of the run; the larger is reported.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -17,15 +18,17 @@ from torch import nn
 from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.models import GeneratorEMA, build_generator
-from common.privacy import PrivacyLedger
+from common.privacy import PrivacyEvent
+from common.privacy.events import VOID_NOISE_SEED
+from common.privacy.sampling import VOID_SAMPLING_SEED
+from common.privacy.statement import KIND_EXAMPLE, RULE_DPGAN, client_entry, dpgan_statement, not_private_reasons
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
+from .records import ClientRecords
 
 MSG_ROUND = "train.dpgan"
+MSG_LEDGER = "query.ledger"
 CURATOR = 0
-RULE = ("example-level DP-SGD on the discriminator (Opacus; Poisson sampling q = B/N, per-example "
-        "clipping of real and fake rows to C, noise σC), composed over the discriminator steps that ran; "
-        "generator steps are post-processing; Opacus RDP accountant (PRV beside it)")
 
 
 class DpganStrategy(Strategy):
@@ -36,7 +39,7 @@ class DpganStrategy(Strategy):
         self.cfg = cfg
         self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
         self.ema = GeneratorEMA(self.generator, decay=cfg.ema_decay)
-        self.ledger = PrivacyLedger()
+        self.records = ClientRecords(cfg.delta)
         self.rounds_done = 0
         self.last: dict[str, Any] = {}
         self.node_client = {}
@@ -45,7 +48,18 @@ class DpganStrategy(Strategy):
         return [n for n in available if self.node_client.get(n) == CURATOR][:1]
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
+        for _ in nodes:  # the round's planned steps, charged before the node runs them
+            self.records.charge(CURATOR, self._planned())
         return [Outgoing(n, MSG_ROUND, encode_records({}, {"step": step})) for n in nodes]
+
+    def _planned(self) -> PrivacyEvent:
+        """n_D DP-SGD steps at the σ and q the node reported last (the configured ones before)."""
+        cfg = self.cfg
+        q = self.last.get("sample_rate") or 1.0  # unknown before the first reply: no amplification assumed
+        void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else (VOID_SAMPLING_SEED if cfg.sampling_seed >= 0 else "")
+        return PrivacyEvent(noise_multiplier=float(self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier)),
+                            sample_rate=float(q), count=int(self.last.get("n_d", cfg.dpgan_n_d)),
+                            sampling="poisson", void=void)
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
         outcome = StepOutcome(took_step=False)
@@ -56,12 +70,14 @@ class DpganStrategy(Strategy):
                 continue
             scalars = decode_records(reply.content)[1]
             if scalars["refused"]:
+                self.records.settle(CURATOR)  # a refused round released nothing
                 outcome.exhausted_nodes.append(reply.node_id)
                 outcome.notes.append(str(scalars["reason"]))
                 continue
             self.generator.load_state_dict(reply.content.array_records["generator"].to_torch_state_dict())
             self.ema.update(self.generator)
-            self.ledger = PrivacyLedger.from_state_dict(json.loads(str(scalars["ledger"])))
+            self.records.absorb(self.node_client, [reply], final=False)
+            self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
             self.last = {k: scalars[k] for k in ("noise_multiplier", "sample_rate", "n_d", "discriminator_steps")}
             self.rounds_done += 1
             outcome.took_step = True
@@ -73,43 +89,53 @@ class DpganStrategy(Strategy):
     def released_generator(self) -> nn.Module:
         return self.ema.module
 
+    def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
+        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes if self.node_client.get(n) == CURATOR]
+
+    def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
+        return self.records.absorb(self.node_client, replies, final=final)
+
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
-        entry = {"client_id": CURATOR, "queries": self.ledger.queries,
-                 "epsilon": self.ledger.epsilon(delta=self.cfg.delta)}
-        if final:
-            entry["epsilon_prv"] = self.ledger.epsilon_both(delta=self.cfg.delta).get("epsilon_prv")
-            entry["ledger"] = self.ledger.state_dict()
-        return {
+        cfg = self.cfg
+        ledger = self.records.ledger_of(CURATOR)
+        entry = client_entry(CURATOR, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+        report = {
             "clients": [entry],
             "epsilon_max": entry["epsilon"],
-            "accounting": RULE,
-            "statement": (f"Privacy statement (δ = {self.cfg.delta:g}). Centralized DPGAN: every training "
-                          f"example is protected at ε = {entry['epsilon']:.4g} (RDP) by DP-SGD on the "
-                          f"discriminator over {self.ledger.queries} noisy steps "
-                          f"(σ = {self.last.get('noise_multiplier', self.cfg.dpgan_noise_multiplier)}, "
-                          f"q = {self.last.get('sample_rate', float('nan')):.4g}). This assumes the curator "
-                          "node that pools the data is trusted."),
+            "epsilon_kind": KIND_EXAMPLE,
+            "accounting": RULE_DPGAN,
+            "not_private": not_private_reasons([ledger]),
+            "mechanism": {"B": cfg.dpgan_batch_size, "σ": self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier),
+                          "C": cfg.dpgan_clip, "q": self.last.get("sample_rate") or 0.0},
             "epsilon_amplified": {
                 "epsilon": None,
+                "epsilon_reason": "not applicable",
+                "kind": "",
                 "assumption": "not applicable: the curator node does its own Poisson sampling, already "
                               "included in the example-level ε",
             },
             "summary_extra": {
                 "sample_rate": self.last.get("sample_rate"),
-                "discriminator_steps": self.last.get("discriminator_steps", 0),
-                "noise_multiplier": self.last.get("noise_multiplier", self.cfg.dpgan_noise_multiplier),
-                "target_epsilon": self.cfg.target_epsilon or None,
-                "n_d": self.last.get("n_d", self.cfg.dpgan_n_d),
+                "discriminator_steps": ledger.queries,
+                "noise_multiplier": self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier),
+                "target_epsilon": cfg.target_epsilon or None,
+                "n_d": self.last.get("n_d", cfg.dpgan_n_d),
             },
         }
+        if final:
+            report["statement"] = dpgan_statement(ledger, delta=cfg.delta, accountant=cfg.accountant)
+        return report
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.state_dict(), "ema": self.ema.state_dict(),
-                "ledger": self.ledger.state_dict(), "rounds_done": self.rounds_done, "last": self.last}
+                "records": self.records.state_dict(), "rounds_done": self.rounds_done, "last": self.last}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])
         self.ema.load_state_dict(state["ema"])
-        self.ledger = PrivacyLedger.from_state_dict(state["ledger"])
+        if "records" in state:
+            self.records.load_state_dict(state["records"])
+        else:  # a checkpoint from before the records: the node's ledger as the last reply carried it
+            self.records.load_state_dict({"own": {CURATOR: state["ledger"]}})
         self.rounds_done = int(state["rounds_done"])
         self.last = dict(state["last"])

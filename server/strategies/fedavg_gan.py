@@ -1,10 +1,14 @@
 """Fed-Avg GAN (Augenstein et al. 2020) as strategy hooks: user-level DP-FedAvg on the discriminator.
 
-Per round: sample m clients, send G and D; each returns its D delta after a few local WGAN-GP SGD
-steps; the server clips each delta to S, sums, adds N(0, (zS)^2), divides by the fixed m, applies it,
-then takes a few generator steps against the new D. The server sees raw deltas: against an untrusted
-server the per-client ε is unbounded (reported as null with the reason); the amplified ε assumes a
-trusted server that samples uniformly.
+Per round: sample every available client independently with probability q = m/K (secret, Poisson),
+send G and D to those sampled; each returns its D delta after a few local WGAN-GP SGD steps; the
+server clips each delta to S, sums, adds N(0, (zS)^2), divides by the fixed m = qK, applies it,
+then takes a few generator steps against the new D (``common/fedavg_gan.py``).
+
+Privacy records (ledgers): the server's ledger holds one Poisson-subsampled Gaussian event (z, q)
+per round that released a noised D: the user-level figure with a trusted server. The server sees
+raw deltas, so each client's own ledger (and the server's record of it, charged when D is sent)
+holds a void event per delta: its ε against an untrusted server is unbounded, null with the reason.
 """
 
 from __future__ import annotations
@@ -15,17 +19,30 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from client.flower_wire import decode_records, encode_records
+from client.flower_wire import encode_records
 from common.config import ExperimentConfig
-from common.fedavg_gan import ACCOUNTING_RULE_FEDAVG, aggregate_deltas, apply_delta, fedavg_epsilon, server_generator_steps
+from common.fedavg_gan import aggregate_deltas, apply_delta, flatten_delta, server_generator_steps
 from common.models import GeneratorEMA, build_discriminator, build_generator
-from common.privacy import noise_generator
+from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
+from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
+from common.privacy.statement import (
+    KIND_PER_CLIENT,
+    KIND_USER,
+    RULE_FEDAVG_UNTRUSTED,
+    RULE_FEDAVG_USER,
+    client_entry,
+    fedavg_statement,
+    max_epsilon,
+    not_private_reasons,
+    server_entry,
+)
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
+from .records import ClientRecords
 
 MSG_ROUND = "train.fedavg"
-UNBOUNDED_REASON = ("Fed-Avg GAN releases raw discriminator deltas to the server; against an untrusted "
-                    "server a client's ε is unbounded")
+MSG_LEDGER = "query.ledger"
+RAW_DELTA = PrivacyEvent(noise_multiplier=0.0, void=VOID_RAW_DELTA)
 
 
 class FedAvgGanStrategy(Strategy):
@@ -37,19 +54,26 @@ class FedAvgGanStrategy(Strategy):
         self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
         self.discriminator = build_discriminator(cfg.model, num_classes=num_classes)
         self.ema = GeneratorEMA(self.generator, decay=cfg.ema_decay)
-        self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.rng = torch.Generator().manual_seed(cfg.seed)  # public: latents, labels, clients' data order
+        self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
+        self.population = len(cfg.participants())
+        self.sample_rate = min(1.0, cfg.fedavg_clients_per_round / self.population)
+        self.server_ledger = PrivacyLedger()
+        self.records = ClientRecords(cfg.delta)
         self.rounds_done = 0
-        self.participation: dict[int, int] = {}
         self.node_client = {}
 
     def _noise(self) -> torch.Generator:
         seed = None if self.cfg.noise_seed < 0 else self.cfg.noise_seed * 7_919 + self.rounds_done
         return noise_generator(seed)
 
+    def _void(self) -> str:
+        """Why this run's user-level figure is not private ("" when the sampling and noise are secret)."""
+        return self.sampler.void_reason or (VOID_NOISE_SEED if self.cfg.noise_seed >= 0 else "")
+
     def select_nodes(self, available: list[int]) -> list[int]:
-        m = min(self.cfg.fedavg_clients_per_round, len(available))
-        order = torch.randperm(len(available), generator=self.rng)[:m]
-        return [available[i] for i in order.tolist()]
+        """Every available node independently with probability q = m/K (possibly none)."""
+        return [available[i] for i in self.sampler.poisson(len(available), self.sample_rate).tolist()]
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         out = []
@@ -59,9 +83,12 @@ class FedAvgGanStrategy(Strategy):
             content = encode_records({}, {"step": step, "seed": int(torch.randint(2**31, (1,), generator=self.rng))})
             content["generator"], content["discriminator"] = g_state, d_state
             out.append(Outgoing(node, MSG_ROUND, content))
+            self.records.charge(self.node_client.get(node, -1), RAW_DELTA)
         return out
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
+        """Clip, sum, noise, divide by m, apply; then the generator steps. Every round releases a
+        noised D, also one whose sampled clients all failed or that sampled nobody."""
         outcome = StepOutcome(took_step=False)
         deltas = []
         for reply in replies:
@@ -69,18 +96,17 @@ class FedAvgGanStrategy(Strategy):
                 outcome.failed_nodes.append(reply.node_id)
                 outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
                 continue
-            cid = int(decode_records(reply.content)[1]["client_id"])
-            self.participation[cid] = self.participation.get(cid, 0) + 1
             deltas.append(reply.content.array_records["delta"].to_torch_state_dict())
-        if not deltas:
-            return outcome
+        state = self.discriminator.state_dict()
+        template = flatten_delta(state, state)
         try:
-            update, _ = aggregate_deltas(deltas, clip_norm=self.cfg.fedavg_clip,
-                                         noise_multiplier=self.cfg.fedavg_noise_multiplier,
-                                         num_sampled=len(replies), generator=self._noise())
-        except ValueError as err:
+            update, info = aggregate_deltas(deltas, template=template, clip_norm=self.cfg.fedavg_clip,
+                                            noise_multiplier=self.cfg.fedavg_noise_multiplier,
+                                            num_sampled=self.cfg.fedavg_clients_per_round, generator=self._noise())
+        except ValueError as err:  # a reply of the wrong shape: no release, nothing to account
             outcome.notes.append(f"round {step} dropped: {err}")
             return outcome
+        self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
         apply_delta(self.discriminator, update)
         stats = server_generator_steps(self.generator, self.discriminator, steps=self.cfg.server_g_steps,
                                        lr=self.cfg.fedavg_lr_g, batch_size=self.cfg.batch_size,
@@ -89,45 +115,45 @@ class FedAvgGanStrategy(Strategy):
         self.rounds_done += 1
         outcome.took_step = True
         outcome.metrics = {f"train/{k}": float(v) for k, v in stats.items()}
+        outcome.metrics["train/clients_sampled"] = float(len(replies))
         return outcome
 
     def released_generator(self) -> nn.Module:
         return self.ema.module
 
+    def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
+        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
+
+    def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
+        return self.records.absorb(self.node_client, replies, final=final)
+
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
         cfg = self.cfg
-        eps = fedavg_epsilon(noise_multiplier=cfg.fedavg_noise_multiplier,
-                             clients_per_round=cfg.fedavg_clients_per_round,
-                             num_clients=len(cfg.participants()), rounds=self.rounds_done, delta=cfg.delta)
-        clients = [{"client_id": c, "queries": self.participation.get(c, 0), "epsilon": None,
-                    "epsilon_reason": UNBOUNDED_REASON, "epsilon_prv": None}
-                   for c in range(cfg.num_clients)]
-        amplified = "unbounded (z = 0)" if eps["epsilon"] is None else f"ε = {eps['epsilon']:.4g}"
-        statement = (f"Privacy statement (δ = {cfg.delta:g}). Fed-Avg GAN, user-level DP-FedAvg: each round "
-                     f"every sampled client's discriminator delta is clipped to L2 norm S = {cfg.fedavg_clip} "
-                     f"and the server adds Gaussian noise of std zS (z = {cfg.fedavg_noise_multiplier}) to "
-                     f"their sum. With a trusted server sampling {cfg.fedavg_clients_per_round} of "
-                     f"{len(cfg.participants())} clients uniformly, {amplified} after {self.rounds_done} "
-                     f"rounds. {UNBOUNDED_REASON}: no per-client guarantee holds against the server.")
-        return {
+        ledgers = self.records.ledgers(range(cfg.num_clients))
+        clients = [client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+                   for cid, ledger in ledgers.items()]
+        report = {
             "clients": clients,
-            "statement": statement,
-            "epsilon_max": None,
-            "accounting": ("per-client, untrusted server: unbounded (raw deltas are visible to the server); "
-                           "see epsilon_amplified for the user-level DP-FedAvg guarantee with a trusted server"),
-            "epsilon_amplified": {
-                "epsilon": eps["epsilon"],
-                "sample_rate": cfg.fedavg_clients_per_round / len(cfg.participants()),
-                "steps": self.rounds_done,
-                "query_noise_multiplier": cfg.fedavg_noise_multiplier,
-                "assumption": ACCOUNTING_RULE_FEDAVG,
-            },
+            "epsilon_max": max_epsilon(clients),
+            "epsilon_kind": KIND_PER_CLIENT,
+            "accounting": RULE_FEDAVG_UNTRUSTED,
+            "epsilon_amplified": server_entry(self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
+                                              kind=KIND_USER, rule=RULE_FEDAVG_USER, final=final),
+            "not_private": not_private_reasons([self.server_ledger]),
+            "mechanism": {"S": cfg.fedavg_clip, "z": cfg.fedavg_noise_multiplier,
+                          "expected m per round": cfg.fedavg_clients_per_round, "q": self.sample_rate},
         }
+        if final:
+            report["statement"] = fedavg_statement(ledgers, self.server_ledger, delta=cfg.delta,
+                                                   accountant=cfg.accountant, clip=cfg.fedavg_clip,
+                                                   noise_multiplier=cfg.fedavg_noise_multiplier)
+        return report
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
                 "ema": self.ema.state_dict(), "rng": self.rng.get_state(), "rounds_done": self.rounds_done,
-                "participation": dict(self.participation)}
+                "server_ledger": self.server_ledger.state_dict(), "records": self.records.state_dict(),
+                "sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])
@@ -135,4 +161,10 @@ class FedAvgGanStrategy(Strategy):
         self.ema.load_state_dict(state["ema"])
         self.rng.set_state(state["rng"])
         self.rounds_done = int(state["rounds_done"])
-        self.participation = {int(k): int(v) for k, v in state["participation"].items()}
+        self.records.load_state_dict(state.get("records", {}))
+        self.sampler.load_state_dict(state.get("sampler", {}))
+        if "server_ledger" in state:
+            self.server_ledger = PrivacyLedger.from_state_dict(state["server_ledger"])
+        else:  # a checkpoint from before the server's ledger: those rounds without amplification
+            z = self.cfg.fedavg_noise_multiplier
+            self.server_ledger = PrivacyLedger([PrivacyEvent(z, count=self.rounds_done)] if self.rounds_done else [])

@@ -1,73 +1,97 @@
 """GS-WGAN (Chen et al. 2020), federated: DESIGN.md §2 as strategy hooks.
 
-Per generator step: sample m clients uniformly, send each (n_critic+1)*B generated samples with
-server-drawn labels (only the B queried ones when clients reuse fakes for their critic steps,
-``critic_fakes``), receive B sanitized per-sample gradients from each, divide by B*m, backpropagate
-through G, step Adam, update the EMA. Samples travel as uint8 by default; the gradient the client
-returns is applied at G's unquantized output (straight-through, see ``ServerGenerator.apply``).
-The server mirrors each client's ledger from the privacy events in the answers (for live ε); the
-clients' own ledgers, fetched at the end, are authoritative.
+Per generator step: draw m of the K_t clients still available, uniformly without replacement and in
+secret (``Sampler``), send each (n_critic+1)*B generated samples with server-drawn labels (only the
+B queried ones when clients reuse fakes for their critic steps, ``critic_fakes``), receive B
+sanitized per-sample gradients from each, divide by B*m, backpropagate through G, step Adam, update
+the EMA. Samples travel as uint8 by default; the gradient the client returns is applied at G's
+unquantized output (straight-through, see ``ServerGenerator.apply``).
+
+Privacy records, all ledgers (``common/privacy``):
+- ``server_ledger``: one without-replacement event per step at the rate that actually ran,
+  q_t = m/K_t, recorded when the sample is drawn: the amplified (trusted-sampling) figure;
+- ``records``: the server's record of each client, charged when a query is sent (kept when the
+  reply is lost, withdrawn only on an explicit refusal, which releases nothing), and the clients'
+  own ledgers; reports keep the larger (``records.py``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from client.flower_wire import decode_answer, decode_records, encode_query, encode_records
+from client.flower_wire import decode_answer, encode_query, encode_records
 from common.codec import GsAnswer, GsQuery, PayloadError, encode_labels, encode_samples, validate_answer
 from common.config import ExperimentConfig
-from common.privacy import (
-    ACCOUNTING_RULE_AMPLIFIED,
-    ACCOUNTING_RULE_PER_CLIENT,
-    PrivacyEvent,
-    PrivacyLedger,
-    amplified_epsilon,
-    privacy_statement,
-    query_noise_multiplier,
+from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, query_noise_multiplier
+from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
+from common.privacy.statement import (
+    KIND_AMPLIFIED,
+    KIND_PER_CLIENT,
+    RULE_AMPLIFIED_WOR,
+    RULE_PER_CLIENT,
+    client_entry,
+    gswgan_statement,
+    max_epsilon,
+    not_private_reasons,
+    server_entry,
 )
 from server.generator import ServerGenerator
 
-from .base import Incoming, Outgoing, StepOutcome, Strategy
+from .base import Incoming, Outgoing, PriorReleases, StepOutcome, Strategy
+from .records import ClientRecords
 
 MSG_QUERY = "train.gswgan"
 MSG_LEDGER = "query.ledger"
 
 
-# The ledger of every client never queried: read-only, shared so its (zero) ε is computed once,
-# not once per client per metrics line (3,400 clients in a FEMNIST-sized federation).
-_NO_RELEASES = PrivacyLedger()
+def client_void(cfg: ExperimentConfig) -> str:
+    """Why a client's answers in this run are not private (""): what the node's policy allowed."""
+    if cfg.noise_seed >= 0:
+        return VOID_NOISE_SEED
+    return VOID_CLIENT_STATS if cfg.client_stats else ""
 
 
 class GsWganStrategy(Strategy):
     name = "gswgan"
 
-    def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
+    def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str,
+                 prior: PriorReleases | None = None) -> None:
         self.cfg = cfg
         self.state_dir = state_dir
         self.generator = ServerGenerator(cfg, num_classes)
-        self.ledgers: dict[int, PrivacyLedger] = {}
-        self.authoritative: dict[int, PrivacyLedger] = {}
+        self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
+        self.prior = prior or PriorReleases()
+        self.records = ClientRecords(cfg.delta, self.prior.clients)
+        self.server_ledger = PrivacyLedger(self.prior.server)
         self.node_client: dict[int, int] = {}
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
+        self._sent: dict[int, PrivacyEvent] = {}
+        nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+        self.planned = PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
 
     # --- hooks ---------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
-        m = min(self.cfg.clients_per_step, len(available))
-        order = torch.randperm(len(available), generator=self.generator.rng)[:m]
-        return [available[i] for i in order.tolist()]
+        """m of the available nodes, uniformly without replacement, from the secret sampler; the
+        server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
+        chosen = self.sampler.choose(available, self.cfg.clients_per_step)
+        void = self.sampler.void_reason or self.planned.void
+        self.server_ledger.record(PrivacyEvent(noise_multiplier=self.planned.noise_multiplier,
+                                               sample_rate=len(chosen) / len(available), sampling="wor",
+                                               population=len(available), void=void))
+        return chosen
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         out = []
-        self._attached = {}
+        self._attached, self._sent = {}, {}
         for node in nodes:
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached[node] = attached
+            self._sent[node] = self.planned
             out.append(Outgoing(node, MSG_QUERY, encode_query(self._query(step, fakes, labels))))
         return out
 
@@ -93,7 +117,7 @@ class GsWganStrategy(Strategy):
             grads.append(torch.from_numpy(grad))
             attached.append(self._attached[reply.node_id])
             stats.append(answer.stats)
-        self._attached = {}
+        self._attached, self._sent = {}, {}
         if grads:
             # Divide by B and by the number of sampled clients m (DESIGN.md §2, step 5).
             self.generator.apply(attached, grads, divisor=self.cfg.batch_size * len(replies))
@@ -106,10 +130,18 @@ class GsWganStrategy(Strategy):
         return self.generator.ema.module
 
     # --- replies -------------------------------------------------------------------------------
+    def _charge(self, node: int, event: PrivacyEvent) -> None:
+        self.records.charge(self.node_client.get(node, -1), event)
+
     def _accept(self, step: int, reply: Incoming, outcome: StepOutcome) -> tuple[GsAnswer, np.ndarray] | None:
-        """Validate one reply; record its privacy event; (answer, float32 gradients) or None when
-        it cannot be used. The event is recorded whatever the gradients' wire encoding was."""
+        """Validate one reply and charge the server's record; (answer, float32 gradients) or None.
+
+        The query was charged when it was sent: a lost or malformed reply keeps that charge (the
+        client may have answered, and charged itself, anyway); only an explicit refusal, which
+        carries no release, withdraws it. Identity is the node's, learned at the hello."""
+        planned = self._sent.get(reply.node_id, self.planned)
         if reply.content is None:
+            self._charge(reply.node_id, planned)
             outcome.failed_nodes.append(reply.node_id)
             outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
             return None
@@ -117,95 +149,70 @@ class GsWganStrategy(Strategy):
             answer = decode_answer(reply.content)
             grad = validate_answer(answer, batch_size=self.cfg.batch_size, step=step)
         except PayloadError as err:
+            self._charge(reply.node_id, planned)
             outcome.failed_nodes.append(reply.node_id)
             outcome.notes.append(f"node {reply.node_id} sent a malformed answer, ignored: {err}")
             return None
-        self.node_client[reply.node_id] = answer.client_id
         if answer.refused:
             outcome.exhausted_nodes.append(reply.node_id)
             outcome.notes.append(answer.reason)
             return None
-        ledger = self.ledgers.setdefault(answer.client_id, PrivacyLedger())
-        ledger.record(PrivacyEvent(noise_multiplier=answer.noise_multiplier, sample_rate=answer.sample_rate))
+        # The smaller noise multiplier of what was asked and what the client says it ran.
+        nm = min(planned.noise_multiplier, answer.noise_multiplier)
+        self._charge(reply.node_id, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=planned.void))
         return answer, grad
 
-    # --- end of run: the clients' own ledgers --------------------------------------------------
+    # --- the clients' own ledgers --------------------------------------------------------------
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
         return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
 
-    def absorb_ledgers(self, replies: list[Incoming]) -> list[str]:
-        """Keep the clients' own ledgers; note where they disagree with the server's mirror."""
-        notes = []
-        for reply in replies:
-            if reply.content is None:
-                continue
-            _, scalars = decode_records(reply.content)
-            cid = int(scalars["client_id"])
-            self.node_client[reply.node_id] = cid
-            own = PrivacyLedger.from_state_dict(json.loads(str(scalars["ledger"])))
-            self.authoritative[cid] = own
-            seen = self.ledgers[cid].queries if cid in self.ledgers else 0
-            if seen != own.queries:
-                notes.append(f"client {cid}: its ledger holds {own.queries} queries, the server saw {seen} "
-                             "answers (ε is reported from the client's ledger)")
-        return notes
+    def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
+        return self.records.absorb(self.node_client, replies, final=final)
 
     # --- privacy -------------------------------------------------------------------------------
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
-        """Per-client ε from the ledgers (authoritative ones when fetched), amplified ε beside it."""
+        """Per-client ε from the clients' ledgers, the amplified ε from the server's, beside it."""
         cfg = self.cfg
-        clients = []
-        for cid in range(cfg.num_clients):
-            ledger = self._ledger_of(cid)
-            entry = {"client_id": cid, "queries": ledger.queries,
-                     "epsilon": ledger.epsilon(delta=cfg.delta)}
-            if final:
-                both = ledger.epsilon_both(delta=cfg.delta)
-                entry["epsilon_prv"] = both.get("epsilon_prv")
-                entry["ledger"] = ledger.state_dict()
-            clients.append(entry)
+        ledgers = self.records.ledgers(range(cfg.num_clients))
+        clients = [client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+                   for cid, ledger in ledgers.items()]
         report = {
             "clients": clients,
-            "epsilon_max": max(c["epsilon"] for c in clients),
-            "accounting": ACCOUNTING_RULE_PER_CLIENT,
-            "epsilon_amplified": self._amplified(),
+            "epsilon_max": max_epsilon(clients),
+            "epsilon_kind": KIND_PER_CLIENT,
+            "accounting": RULE_PER_CLIENT,
+            "epsilon_amplified": server_entry(self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
+                                              kind=KIND_AMPLIFIED, rule=RULE_AMPLIFIED_WOR, final=final),
+            "not_private": not_private_reasons([*ledgers.values(), self.server_ledger]),
+            "mechanism": {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip,
+                          "m per step": cfg.clients_per_step},
         }
         if final:
-            report["statement"] = privacy_statement(
-                {c: self._ledger_of(c) for c in range(cfg.num_clients)}, delta=cfg.delta,
-                clients_per_step=cfg.clients_per_step, num_clients=len(cfg.participants()),
-                steps=self.steps_done, noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+            report["statement"] = gswgan_statement(
+                ledgers, self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
+                noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size, prior=self.prior.description)
         return report
-
-    def _ledger_of(self, cid: int) -> PrivacyLedger:
-        """The client's own ledger when fetched, else the server's mirror of it."""
-        return self.authoritative.get(cid) or self.ledgers.get(cid) or _NO_RELEASES
-
-    def _amplified(self) -> dict[str, Any]:
-        cfg = self.cfg
-        nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-        q = cfg.clients_per_step / len(cfg.participants())
-        return {
-            "epsilon": amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=self.steps_done,
-                                         delta=cfg.delta),
-            "sample_rate": q,
-            "steps": self.steps_done,
-            "query_noise_multiplier": nm,
-            "assumption": ACCOUNTING_RULE_AMPLIFIED,
-        }
 
     # --- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
             "generator": self.generator.state_dict(),
-            "ledgers": {cid: led.state_dict() for cid, led in self.ledgers.items()},
+            "records": self.records.state_dict(),
+            "server_ledger": self.server_ledger.state_dict(),
+            "sampler": self.sampler.state_dict(),
             "steps_done": self.steps_done,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])
-        self.ledgers = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state["ledgers"].items()}
         self.steps_done = int(state["steps_done"])
+        # "ledgers": checkpoints made before the records and the server's ledger existed
+        self.records.load_state_dict(state.get("records", {"charged": state.get("ledgers", {})}))
+        if "server_ledger" in state:
+            self.server_ledger = PrivacyLedger.from_state_dict(state["server_ledger"])
+        else:  # its sampling was not recorded: claim no amplification for those steps (conservative)
+            self.server_ledger = PrivacyLedger([self.planned.times(self.steps_done)] if self.steps_done else [])
+        self.sampler.load_state_dict(state.get("sampler", {}))
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:

@@ -1,0 +1,165 @@
+"""A node's own privacy policy: what it will release, whatever the (untrusted) server asks.
+
+The server sends the run's configuration in its hello, so without a policy it would decide how
+much noise a client adds, its budget, δ, and whether a fixed noise seed or un-noised statistics
+are used. A node pins these itself, in its node config or a policy file on its own disk:
+
+    min-noise-multiplier = 1.0   # refuse any release with less noise (σ of the mechanism it runs)
+    max-epsilon = 50.0           # its own budget at its own δ (0: none); a larger ask is refused
+    delta = 1e-5                 # the δ of that budget; a server asking for a larger δ is refused
+    allow-nonprivate = false     # fixed noise seeds, un-noised statistics, σ = 0, reproducible
+                                 # DP-SGD batches: debugging only, and then ε is unbounded
+
+Sources, first found wins: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``),
+a TOML file named by node-config ``privacy-policy``, a TOML file named by the environment variable
+``FEDGAN_NODE_POLICY`` (how ``fedgan simulate --node-policy`` reaches simulated nodes), else the
+defaults above (no minimum, no budget, δ = 1e-5, nothing non-private). A policy that cannot be read
+or is invalid makes the node refuse everything, naming the cause (fail closed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+POLICY_ENV = "FEDGAN_NODE_POLICY"
+POLICY_FILE_KEY = "privacy-policy"
+NODE_CONFIG_PREFIX = "privacy-"
+DEFAULT_DELTA = 1e-5
+
+
+class PolicyError(ValueError):
+    """The node's policy cannot be read or is invalid; the message names the source and the field."""
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    min_noise_multiplier: float = 0.0
+    max_epsilon: float = 0.0  # 0: no budget of the node's own
+    delta: float = DEFAULT_DELTA
+    allow_nonprivate: bool = False
+    source: str = "default policy"
+
+    def __post_init__(self) -> None:
+        _require(self.min_noise_multiplier >= 0 and math.isfinite(self.min_noise_multiplier), self,
+                 "min-noise-multiplier", "must be a finite number >= 0")
+        _require(self.max_epsilon >= 0 and not math.isnan(self.max_epsilon), self, "max-epsilon", "must be >= 0")
+        _require(0 < self.delta < 1, self, "delta", "must be in (0, 1)")
+        _require(isinstance(self.allow_nonprivate, bool), self, "allow-nonprivate", "must be true or false")
+
+    # --- what the node enforces ---------------------------------------------------------------
+    def budgets(self, cfg: Any) -> list[tuple[float, float]]:
+        """The (ε, δ) budgets the node enforces: its own maximum at its own δ, and the run's
+        ``client_epsilon_budget`` at the run's δ (which may only be smaller: a smaller budget or δ
+        protects more). Empty: no budget."""
+        out = [(b, d) for b, d in ((self.max_epsilon, self.delta), (cfg.client_epsilon_budget, cfg.delta)) if b > 0]
+        return sorted(set(out))
+
+    def over_budget(self, ledger: Any, event: Any, cfg: Any) -> str:
+        """Why recording ``event`` in ``ledger`` would break a budget ("" when it would not)."""
+        for budget, delta in self.budgets(cfg):
+            if ledger.would_exceed(budget=budget, delta=delta, next_event=event):
+                spent = ledger.nominal_rdp_epsilon(delta=delta)[0]
+                return f"one more release would exceed its epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
+        return ""
+
+    def violations(self, cfg: Any) -> list[str]:
+        """Why this node refuses a run configured as ``cfg`` (empty: it takes part)."""
+        out = []
+        noise = release_noise(cfg)
+        if noise is not None and noise < self.min_noise_multiplier:
+            out.append(f"noise multiplier {noise:g} is below the node's minimum {self.min_noise_multiplier:g}")
+        if self.max_epsilon > 0 and cfg.client_epsilon_budget > self.max_epsilon:
+            out.append(f"epsilon budget {cfg.client_epsilon_budget:g} exceeds the node's maximum {self.max_epsilon:g}")
+        if self.max_epsilon > 0 and cfg.strategy == "fedavg-gan":
+            out.append("fedavg-gan sends raw discriminator updates to the server (epsilon unbounded against "
+                       f"it), beyond the node's maximum epsilon {self.max_epsilon:g}")
+        if cfg.delta > self.delta:
+            out.append(f"delta {cfg.delta:g} is larger than the node's delta {self.delta:g}")
+        if not self.allow_nonprivate:
+            out += [f"{option} is not allowed by the node (allow-nonprivate = false)"
+                    for option in nonprivate_options(cfg)]
+        return out
+
+    def check_release(self, noise_multiplier: float, what: str) -> str | None:
+        """Why the node refuses one release with this noise (None: it may go ahead)."""
+        if noise_multiplier < self.min_noise_multiplier:
+            return f"{what}: noise multiplier {noise_multiplier:g} is below the node's minimum {self.min_noise_multiplier:g}"
+        if noise_multiplier == 0 and not self.allow_nonprivate:
+            return f"{what}: a release without noise is not allowed by the node (allow-nonprivate = false)"
+        return None
+
+
+def release_noise(cfg: Any) -> float | None:
+    """The noise multiplier of the releases a node makes in this run (None: the node adds none;
+    fedavg-gan's noise is the server's)."""
+    return {"gswgan": cfg.noise_multiplier, "dpgan": cfg.dpgan_noise_multiplier}.get(cfg.strategy)
+
+
+def nonprivate_options(cfg: Any) -> list[str]:
+    """The debugging options of ``cfg`` that void a node's guarantee."""
+    out = []
+    if cfg.noise_seed >= 0:
+        out.append("a fixed noise seed (noise-seed, testing only)")
+    if cfg.client_stats:
+        out.append("un-noised critic statistics (client-stats)")
+    if cfg.strategy == "gswgan" and cfg.noise_multiplier == 0:
+        out.append("noise multiplier 0 (gradients released without noise)")
+    if cfg.strategy == "dpgan" and cfg.sampling_seed >= 0:
+        out.append("reproducible DP-SGD batches (sampling-seed, testing only)")
+    return out
+
+
+def _require(ok: bool, policy: NodePolicy, key: str, why: str) -> None:
+    if not ok:
+        raise PolicyError(f"{policy.source}: {key} = {getattr(policy, key.replace('-', '_'))!r} {why}")
+
+
+_KEYS = {f.name.replace("_", "-"): f for f in fields(NodePolicy) if f.name != "source"}
+
+
+def policy_from_mapping(values: Mapping[str, Any], *, source: str) -> NodePolicy:
+    """A policy from TOML-style keys (dashes); unknown keys and wrong types are errors."""
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in _KEYS:
+            raise PolicyError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
+        kind = _KEYS[key].type
+        if kind in ("float", float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+        elif kind in ("bool", bool) and isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        elif kind in ("bool", bool) and not isinstance(value, bool):
+            raise PolicyError(f"{source}: {key} must be true or false, got {value!r}")
+        elif kind in ("float", float) and not isinstance(value, float):
+            raise PolicyError(f"{source}: {key} must be a number, got {value!r}")
+        kwargs[_KEYS[key].name] = value
+    return NodePolicy(**kwargs, source=source)
+
+
+def policy_from_file(path: str | Path) -> NodePolicy:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise PolicyError(f"node privacy policy {path} cannot be read: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise PolicyError(f"node privacy policy {path} is not valid TOML: {err}") from err
+    return policy_from_mapping(dict(data.get("policy", data)), source=f"node privacy policy {path}")
+
+
+def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
+    """The node's policy from its node config or environment (see the module docstring)."""
+    inline = {k[len(NODE_CONFIG_PREFIX):]: v for k, v in node_config.items()
+              if k.startswith(NODE_CONFIG_PREFIX) and k != POLICY_FILE_KEY}
+    if inline:
+        return policy_from_mapping(inline, source="node config")
+    if node_config.get(POLICY_FILE_KEY):
+        return policy_from_file(str(node_config[POLICY_FILE_KEY]))
+    if environ.get(POLICY_ENV):
+        return policy_from_file(environ[POLICY_ENV])
+    return NodePolicy()
