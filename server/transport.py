@@ -86,9 +86,13 @@ class FlowerTransport:
 
 
 class InProcessTransport:
-    """Calls the ClientApp directly with one persistent Context per node (no Flower runtime)."""
+    """Calls the ClientApp directly with one persistent Context per node (no Flower runtime).
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = (1 << 62) + 7) -> None:
+    ``node_config`` is added to every node's own (a privacy policy, e.g. ``privacy-allow-nonprivate``);
+    ``node_configs`` maps a partition id to keys for that node only."""
+
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = (1 << 62) + 7, *,
+                 node_config: dict | None = None, node_configs: dict[int, dict] | None = None) -> None:
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.
@@ -97,7 +101,8 @@ class InProcessTransport:
         self.app = client_app
         self.contexts = {
             (1 << 62) + i: Context(run_id=run_id, node_id=(1 << 62) + i,
-                              node_config={"partition-id": i, "num-partitions": num_nodes},
+                              node_config={"partition-id": i, "num-partitions": num_nodes, **(node_config or {}),
+                                           **(node_configs or {}).get(i, {})},
                               state=RecordDict(), run_config={})
             for i in range(num_nodes)
         }

@@ -6,7 +6,7 @@ import pytest
 
 from common.calibration import calibrate
 from common.config import ExperimentConfig
-from common.privacy import PrivacyEvent, PrivacyLedger, amplified_epsilon
+from common.privacy import PrivacyEvent, PrivacyLedger
 
 
 def eps(nm, q, count, delta=1e-5):
@@ -24,10 +24,15 @@ def test_gswgan_expected_share_reaches_the_target_and_budget_enforces_it(target)
 
 def test_fedavg_trusted_server_epsilon_reaches_the_target():
     cfg = calibrate(ExperimentConfig(strategy="fedavg-gan", steps=50, num_clients=40, target_epsilon=8.0))
-    got = eps(cfg.fedavg_noise_multiplier, 10 / 40, 50)
+    got = eps(cfg.fedavg_noise_multiplier, 10 / 40, 50)  # Poisson sampling with q = m/K, as the server samples
     assert 7.5 < got <= 8.0
-    assert got == pytest.approx(amplified_epsilon(noise_multiplier=cfg.fedavg_noise_multiplier,
-                                                  sample_rate=0.25, steps=50, delta=1e-5))
+
+
+def test_dpgan_target_becomes_the_curators_budget():
+    """Adaptive n_D may take more steps than planned: the curator enforces the target as a budget."""
+    cfg = calibrate(ExperimentConfig(strategy="dpgan", steps=20, dpgan_n_d=5, target_epsilon=4.0), pooled_size=2400)
+    assert cfg.client_epsilon_budget == 4.0
+    assert 3.8 < eps(cfg.dpgan_noise_multiplier, 128 / 2400, 100) <= 4.0
 
 
 def test_no_target_changes_nothing_and_dpgan_needs_n():

@@ -154,3 +154,40 @@ def test_only_the_sanitized_gradient_leaves_a_client_unless_stats_are_asked_for(
     debug = cfg.replace(client_stats=True)
     stats = answer_query(client_state.new_state(debug, 0), debug, _query(debug)).stats
     assert {"wasserstein", "grad_norm_mean", "clip_fraction"} <= set(stats)
+
+
+def test_releases_made_with_a_debugging_option_are_recorded_as_not_private(cfg):
+    """A fixed noise seed makes the noise recomputable; un-noised statistics leave with the answer:
+    the client's own ledger says so, and its ε is unbounded."""
+    from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
+
+    state = client_state.new_state(cfg, 0)
+    answer_query(state, cfg, _query(cfg))
+    assert state.ledger.void_reasons == (VOID_NOISE_SEED,) and state.ledger.epsilon(delta=cfg.delta) == np.inf
+    stats_cfg = cfg.replace(noise_seed=-1, client_stats=True)
+    stats_state = client_state.new_state(stats_cfg, 0)
+    answer_query(stats_state, stats_cfg, _query(stats_cfg))
+    assert stats_state.ledger.void_reasons == (VOID_CLIENT_STATS,)
+    private = cfg.replace(noise_seed=-1)
+    clean = client_state.new_state(private, 0)
+    answer_query(clean, private, _query(private))
+    assert clean.ledger.void_reasons == () and np.isfinite(clean.ledger.epsilon(delta=cfg.delta))
+
+
+def test_a_query_with_another_batch_size_is_refused(cfg):
+    """B sets the noise multiplier σ/√B of the release: only the run's B is answered."""
+    state = client_state.new_state(cfg, 0)
+    q = _query(cfg.replace(batch_size=16))
+    answer = answer_query(state, cfg, q)
+    assert answer.refused and "B = 16" in answer.reason and state.ledger.queries == 0
+
+
+def test_the_nodes_budget_holds_whatever_the_server_asks(cfg):
+    from common.privacy import NodePolicy
+
+    private = cfg.replace(noise_seed=-1)  # the server asks for no budget at all
+    state = client_state.new_state(private, 0)
+    policy = NodePolicy(max_epsilon=40.0)
+    answers = [answer_query(state, private, _query(private, step), policy) for step in range(30)]
+    assert any(a.refused for a in answers) and "budget 40" in next(a.reason for a in answers if a.refused)
+    assert state.ledger.epsilon(delta=policy.delta) <= 40.0

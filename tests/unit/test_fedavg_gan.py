@@ -1,5 +1,6 @@
-"""Fed-Avg GAN core: delta arithmetic, clip/noise/average with a fixed denominator, local steps,
-generator steps and the user-level ε. Tiny models, seeded; exact counters, no loss values."""
+"""Fed-Avg GAN core: delta arithmetic, clip/noise/average with a fixed denominator (any number of
+replies, none included), non-finite deltas as zero, local steps, generator steps and the privacy
+event of a round. Tiny models, seeded; exact counters, no loss values."""
 
 from __future__ import annotations
 
@@ -17,12 +18,10 @@ from common.fedavg_gan import (
     client_update,
     clip_delta,
     delta_norm,
-    fedavg_epsilon,
     flatten_delta,
     server_generator_steps,
 )
 from common.models import build_discriminator, build_generator
-from common.privacy import amplified_epsilon
 
 Z_DIM, NUM_CLASSES = 10, 10
 
@@ -34,6 +33,10 @@ def _gen(seed: int = 0) -> torch.Generator:
 def _delta(scale: float, seed: int) -> dict[str, torch.Tensor]:
     g = _gen(seed)
     return {"a": scale * torch.randn(3, 4, generator=g), "b": scale * torch.randn(5, generator=g)}
+
+
+def _template() -> dict[str, torch.Tensor]:
+    return {k: torch.zeros_like(v) for k, v in _delta(1.0, 0).items()}
 
 
 def _states(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -118,7 +121,7 @@ def test_clipped_norm_never_exceeds_clip_norm(scale: float, clip_norm: float, se
 def test_noiseless_aggregate_is_sum_of_clipped_over_fixed_num_sampled() -> None:
     deltas = [_delta(10.0, 0), _delta(1e-3, 1), _delta(1.0, 2)]  # a fourth client never replied
     agg, info = aggregate_deltas(
-        deltas, clip_norm=0.5, noise_multiplier=0.0, num_sampled=4, generator=_gen()
+        deltas, template=_template(), clip_norm=0.5, noise_multiplier=0.0, num_sampled=4, generator=_gen()
     )
     clipped = [clip_delta(d, clip_norm=0.5)[0] for d in deltas]
     for k in agg:
@@ -131,7 +134,7 @@ def test_aggregate_noise_std_is_z_times_s_over_m() -> None:
     z, s, m = 2.0, 0.5, 4
     zero = {"w": torch.zeros(40_000)}
     agg, info = aggregate_deltas(
-        [zero, zero], clip_norm=s, noise_multiplier=z, num_sampled=m, generator=_gen(3)
+        [zero, zero], template=zero, clip_norm=s, noise_multiplier=z, num_sampled=m, generator=_gen(3)
     )
     expected = z * s / m
     assert info.noise_std == pytest.approx(expected)
@@ -141,36 +144,42 @@ def test_aggregate_noise_std_is_z_times_s_over_m() -> None:
 
 
 def test_aggregate_noise_is_reproducible_from_the_generator() -> None:
-    kwargs = dict(clip_norm=1.0, noise_multiplier=1.0, num_sampled=2)
+    kwargs = dict(template=_template(), clip_norm=1.0, noise_multiplier=1.0, num_sampled=2)
     a, _ = aggregate_deltas([_delta(1.0, 0)], generator=_gen(7), **kwargs)
     b, _ = aggregate_deltas([_delta(1.0, 0)], generator=_gen(7), **kwargs)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_aggregate_rejects_nan_naming_the_client() -> None:
+def test_a_non_finite_delta_counts_as_zero_and_the_round_is_released() -> None:
+    """Whether a client's local steps diverged depends on its data: dropping its delta (or the
+    round) with a note would release that unaccounted. It counts as zero, the noise is added."""
     bad = _delta(1.0, 1)
     bad["b"][2] = float("nan")
-    with pytest.raises(ValueError, match="client 1"):
-        aggregate_deltas(
-            [_delta(1.0, 0), bad], clip_norm=1.0, noise_multiplier=1.0, num_sampled=2,
-            generator=_gen(),
-        )  # fmt: skip
+    kwargs = dict(template=_template(), clip_norm=1.0, noise_multiplier=0.0, num_sampled=2, generator=_gen())
+    agg, info = aggregate_deltas([_delta(1.0, 0), bad], **kwargs)
+    alone, _ = aggregate_deltas([_delta(1.0, 0)], **kwargs)
+    assert all(torch.equal(agg[k], alone[k]) for k in agg) and info.num_replied == 2
 
 
-def test_aggregate_rejects_more_replies_than_sampled() -> None:
-    with pytest.raises(ValueError, match="exceed"):
-        aggregate_deltas(
-            [_delta(1.0, 0)] * 3, clip_norm=1.0, noise_multiplier=1.0, num_sampled=2,
-            generator=_gen(),
-        )  # fmt: skip
+def test_poisson_rounds_take_any_number_of_replies_and_noise_an_empty_one() -> None:
+    """Sampled with probability q, more than m = qK clients may reply, or none: the denominator
+    stays m, and a round nobody answered still releases noise (its emptiness is not data-free)."""
+    kwargs = dict(template=_template(), clip_norm=1.0, noise_multiplier=1.0, num_sampled=2)
+    more, info = aggregate_deltas([_delta(1.0, 0)] * 3, generator=_gen(), **kwargs)
+    assert info.num_replied == 3
+    empty, info = aggregate_deltas([], generator=_gen(5), **kwargs)
+    assert info.num_replied == 0 and all(float(v.abs().sum()) > 0 for v in empty.values())
+    with pytest.raises(ValueError, match="shape"):
+        aggregate_deltas([{"a": torch.zeros(2), "b": torch.zeros(5)}], generator=_gen(), **kwargs)
 
 
-def test_privacy_event_has_sample_rate_m_over_k() -> None:
+def test_privacy_event_is_poisson_with_sample_rate_m_over_k() -> None:
     _, info = aggregate_deltas(
-        [_delta(1.0, 0)], clip_norm=1.0, noise_multiplier=0.7, num_sampled=10, generator=_gen()
+        [_delta(1.0, 0)], template=_template(), clip_norm=1.0, noise_multiplier=0.7, num_sampled=10,
+        generator=_gen(),
     )
     event = info.privacy_event(num_clients=1000)
-    assert (event.noise_multiplier, event.sample_rate, event.count) == (0.7, 0.01, 1)
+    assert (event.noise_multiplier, event.sample_rate, event.count, event.sampling) == (0.7, 0.01, 1, "poisson")
 
 
 # --- client and server steps -------------------------------------------------------------------
@@ -237,25 +246,3 @@ def test_server_generator_steps_change_g_only() -> None:
         assert torch.equal(v, d_before[k])
     assert D.training and all(p.requires_grad for p in D.parameters())
     assert all(p.grad is None for p in D.parameters())
-
-
-# --- epsilon -----------------------------------------------------------------------------------
-
-
-def test_fedavg_epsilon_matches_amplified_epsilon_with_q_m_over_k() -> None:
-    out = fedavg_epsilon(
-        noise_multiplier=1.0, clients_per_round=10, num_clients=1000, rounds=200, delta=1e-5
-    )
-    expected = amplified_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=200, delta=1e-5)
-    assert out["sample_rate"] == 0.01
-    assert out["epsilon"] == pytest.approx(expected)
-    assert "trusted server" in out["epsilon_kind"] and "user-level" in out["epsilon_kind"]
-    assert out["epsilon_untrusted"] is None
-    assert "unbounded" in out["epsilon_untrusted_reason"]
-
-
-def test_fedavg_epsilon_without_noise_is_none_with_reason() -> None:
-    out = fedavg_epsilon(
-        noise_multiplier=0.0, clients_per_round=10, num_clients=100, rounds=5, delta=1e-5
-    )
-    assert out["epsilon"] is None and "unbounded" in out["epsilon_reason"]

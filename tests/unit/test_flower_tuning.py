@@ -124,7 +124,7 @@ class FakeGrid:
 def test_transport_signals_between_push_and_pull():
     events: list[str] = []
     transport = FlowerTransport(FakeGrid(events), on_pushed=lambda: events.append("wake"))
-    replies = transport._send_and_receive(["a", "b"])
+    replies = transport._send_and_receive(["a", "b"], 5.0)
     assert [r.metadata.reply_to_message_id for r in replies] == ["id-0", "id-1"]
     assert events == ["push", "wake", "pull", "pull"]
 

@@ -11,6 +11,7 @@ from common.config import ExperimentConfig
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
+from tests.policies import ALLOW_NONPRIVATE
 
 FLOAT32 = dict(wire_samples="float32", wire_dtype="float32", wire_compression="none")
 VARIANTS = {"float32": FLOAT32, "default": {}, "query": dict(critic_fakes="query"),
@@ -19,15 +20,15 @@ VARIANTS = {"float32": FLOAT32, "default": {}, "query": dict(critic_fakes="query
 
 @pytest.fixture(scope="module")
 def summaries(tmp_path_factory):
-    """One 1-step run per variant, same seeds (noise included)."""
+    """One 1-step run per variant, same seeds (noise and sampling included: testing flags)."""
     out = {}
     for name, changes in VARIANTS.items():
         cfg = ExperimentConfig(num_clients=2, steps=1, model="tiny", batch_size=32, n_critic=5,
-                               synthetic_samples_per_writer=40, progress=False, eval=False, noise_seed=1,
+                               synthetic_samples_per_writer=40, progress=False, eval=False, noise_seed=1, sampling_seed=1,
                                log_every=1, sample_every=100, checkpoint_every=100,
                                out=str(tmp_path_factory.mktemp(name) / "run"), **changes)
-        out[name] = run_experiment(cfg, RunDirectory.create(cfg), InProcessTransport(client_app, 2),
-                                   transport_name="inprocess")
+        transport = InProcessTransport(client_app, 2, node_config=ALLOW_NONPRIVATE)
+        out[name] = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
     return out
 
 
@@ -47,9 +48,10 @@ def test_reused_critic_fakes_meet_the_one_batch_target(summaries, variant):
 
 
 def test_encodings_leave_the_privacy_accounting_alone(summaries):
+    """Same releases recorded whatever the encoding (the fixed noise seed voids the ε themselves)."""
     ref = summaries["float32"]
     for name in ("default", "query", "replay"):
         got = summaries[name]
-        assert [(c["queries"], c["epsilon"]) for c in got["clients"]] == \
-            [(c["queries"], c["epsilon"]) for c in ref["clients"]], name
-        assert got["epsilon_max"] == ref["epsilon_max"]
+        assert [(c["queries"], c["epsilon"], c["epsilon_reason"]) for c in got["clients"]] == \
+            [(c["queries"], c["epsilon"], c["epsilon_reason"]) for c in ref["clients"]], name
+        assert got["epsilon_amplified"] == ref["epsilon_amplified"] and got["not_private"] == ref["not_private"]

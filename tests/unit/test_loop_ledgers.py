@@ -20,12 +20,14 @@ class FakeTransport:
         self.ledger_queries = ledger_queries  # client id -> queries at hello; None: not reported
         self.num_nodes = num_nodes
         self.exchanges: list[list[Outgoing]] = []
+        self.timeouts: list[float | None] = []
 
     def node_ids(self, expected):
         return [NODE + i for i in range(self.num_nodes)]
 
-    def exchange(self, outgoing):
+    def exchange(self, outgoing, *, timeout_s=None):
         self.exchanges.append(outgoing)
+        self.timeouts.append(timeout_s)
         replies = [Incoming(o.node_id, encode_records({}, self._answer(o))) for o in outgoing]
         return Exchange(replies, {o.node_id: (10, 1) for o in outgoing}, {o.node_id: (5, 1) for o in outgoing})
 
@@ -51,7 +53,9 @@ class FakeStrategy:
     def ledger_queries(self, nodes):
         return [Outgoing(n, "query.ledger", encode_records({}, {})) for n in nodes]
 
-    def absorb_ledgers(self, replies):
+    def absorb_ledgers(self, replies, *, final=True):
+        if not final:  # the hello's replies
+            return []
         self.absorbed += [int(decode_records(r.content)[1]["client_id"]) for r in replies]
         return []
 
@@ -91,9 +95,19 @@ def test_only_queried_clients_and_prior_ledger_holders_are_asked(cfg):
     # Client 5 answered a release before this run (say the debugging task's selection query).
     transport = FakeTransport(7, ledger_queries={5: 1})
     strategy, state = _run(cfg, transport, queried=[1, 3], failed=[3])
-    assert transport.asked("query.ledger") == [1, 5]  # 3 failed; 0, 2, 4, 6 provably hold nothing
-    assert sorted(strategy.absorbed) == [1, 5]
-    assert state.comm.control_down == 7 * 10 + 2 * 10
+    assert transport.asked("query.ledger") == [1, 3, 5]  # 0, 2, 4, 6 provably hold nothing
+    assert sorted(strategy.absorbed) == [1, 3, 5]
+    assert state.comm.control_down == 7 * 10 + 3 * 10
+
+
+def test_failed_nodes_are_asked_too_but_only_briefly(cfg):
+    """A node that failed may have answered (and charged itself) after the server stopped waiting:
+    its ledger is asked for, with a short timeout so a dead node cannot hold up the report."""
+    transport = FakeTransport(7, ledger_queries={})
+    _run(cfg, transport, queried=[1, 3, 4], failed=[3, 4])
+    ledger_exchanges = [(sorted(o.node_id - NODE for o in ex), t)
+                        for ex, t in zip(transport.exchanges, transport.timeouts) if ex[0].message_type == "query.ledger"]
+    assert ledger_exchanges == [([1], None), ([3, 4], loop.BEST_EFFORT_TIMEOUT_S)]
 
 
 def test_non_participants_are_never_asked(cfg):

@@ -13,7 +13,6 @@ from scipy import optimize, special
 from common.privacy import analysis
 from common.privacy.analysis import (
     ORDERS,
-    amplified_epsilon,
     prv_epsilon,
     prv_epsilon_with_reason,
     query_noise_multiplier,
@@ -73,12 +72,12 @@ def test_query_noise_multiplier_is_sigma_over_sqrt_b() -> None:
 
 
 # --- golden values (Opacus 1.6 RDP on ORDERS) ----------------------------------------------------
-def test_golden_amplified_defaults() -> None:
-    """DESIGN.md: q=1/1000, T=20000, σ/√B -> about 360 (the per-sample script's 9.99 is wrong)."""
+def test_golden_poisson_amplified_defaults() -> None:
+    """DESIGN.md: q=1/1000, T=20000, σ/√B -> about 360 under Poisson sampling (the per-sample
+    script's 9.99 is wrong). fedgan's server samples without replacement: see test_privacy_wor."""
     eps, order = rdp_epsilon([(NM, 1e-3, 20_000)], delta=DELTA)
     assert eps == pytest.approx(359.4802262420863, rel=1e-6)
     assert abs(eps - 360) < 5 and _interior(order)
-    assert amplified_epsilon(noise_multiplier=NM, sample_rate=1e-3, steps=20_000, delta=DELTA) == eps
 
 
 def test_golden_per_client_twenty_queries() -> None:
@@ -154,7 +153,7 @@ def test_no_events_is_zero_and_no_noise_is_infinite() -> None:
     assert rdp_epsilon([(0.0, 1.0, 1)], delta=DELTA)[0] == math.inf
     assert rdp_epsilon([(NM, 1.0, 5), (0.0, 0.01, 1)], delta=DELTA)[0] == math.inf
     assert prv_epsilon([(0.0, 1.0, 1)], delta=DELTA) == math.inf
-    assert amplified_epsilon(noise_multiplier=0.0, sample_rate=0.5, steps=3, delta=DELTA) == math.inf
+    assert rdp_epsilon([(0.0, 0.5, 3)], delta=DELTA)[0] == math.inf
 
 
 @pytest.mark.parametrize(
@@ -194,7 +193,7 @@ def test_prv_failure_inside_opacus_gives_none(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_amplification_helps() -> None:
-    amplified = amplified_epsilon(noise_multiplier=1.0, sample_rate=0.01, steps=100, delta=DELTA)
+    amplified = rdp_epsilon([(1.0, 0.01, 100)], delta=DELTA)[0]
     assert amplified < rdp_epsilon([(1.0, 1.0, 100)], delta=DELTA)[0]
 
 
@@ -217,6 +216,6 @@ def test_epsilon_falls_with_noise(nm: float, factor: float, queries: int) -> Non
 @settings(max_examples=8, deadline=None)
 @given(nm=st.sampled_from([0.5, 1.0, 2.0]), q=st.sampled_from([0.001, 0.01]), steps=st.integers(1, 10_000))
 def test_subsampled_epsilon_grows_with_steps_and_falls_with_noise(nm: float, q: float, steps: int) -> None:
-    eps = amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=steps, delta=DELTA)
-    assert amplified_epsilon(noise_multiplier=nm, sample_rate=q, steps=steps + 1, delta=DELTA) > eps
-    assert amplified_epsilon(noise_multiplier=nm * 1.5, sample_rate=q, steps=steps, delta=DELTA) < eps
+    eps = rdp_epsilon([(nm, q, steps)], delta=DELTA)[0]
+    assert rdp_epsilon([(nm, q, steps + 1)], delta=DELTA)[0] > eps
+    assert rdp_epsilon([(nm * 1.5, q, steps)], delta=DELTA)[0] < eps

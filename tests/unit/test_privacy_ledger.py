@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from common.privacy import ledger as ledger_module
 from common.privacy.analysis import rdp_epsilon
+from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED, VOID_RAW_DELTA
 from common.privacy.ledger import PrivacyLedger
 from common.privacy.sanitizer import PrivacyEvent
 
@@ -64,10 +65,62 @@ def test_load_rejects_foreign_state() -> None:
                                        "history": [{"noise_multiplier": -1, "sample_rate": 1}]})
 
 
+def test_format_1_ledgers_still_load() -> None:
+    old = {"format": "fedgan.privacy_ledger/1", "history": [{"noise_multiplier": NM, "sample_rate": 1.0, "count": 3},
+                                                            {"noise_multiplier": 1.0, "sample_rate": 0.01, "count": 5}]}
+    ledger = PrivacyLedger.from_state_dict(old)
+    assert [e.sampling for e in ledger.history] == ["none", "poisson"] and ledger.queries == 8
+    assert ledger.state_dict()["format"] == "fedgan.privacy_ledger/2"
+
+
+def test_void_releases_make_epsilon_unbounded_with_the_reason() -> None:
+    ledger = _ledger((3, NM))
+    private = ledger.epsilon(delta=DELTA)
+    ledger.record(PrivacyEvent(noise_multiplier=NM, void=VOID_NOISE_SEED))
+    assert ledger.epsilon(delta=DELTA) == math.inf and ledger.epsilon(delta=DELTA, accountant="prv") == math.inf
+    assert ledger.void_reasons == (VOID_NOISE_SEED,)
+    assert ledger.unbounded_reason() == "unbounded: NOT PRIVATE: " + VOID_NOISE_SEED
+    assert ledger.headline(delta=DELTA) == (math.inf, ledger.unbounded_reason())
+    # The nominal ε (budget checks only) still counts the mechanism as if it had been private.
+    assert ledger.nominal_rdp_epsilon(delta=DELTA)[0] == pytest.approx(_ledger((4, NM)).epsilon(delta=DELTA))
+    assert ledger.nominal_rdp_epsilon(delta=DELTA)[0] > private
+    restored = PrivacyLedger.from_state_dict(json.loads(json.dumps(ledger.state_dict())))
+    assert restored == ledger and restored.void_reasons == (VOID_NOISE_SEED,)
+
+
+def test_budget_check_ignores_void_marks_so_debugging_runs_stop_where_private_ones_do() -> None:
+    voided = PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=5, void=VOID_CLIENT_STATS)])
+    private = _ledger((5, NM))
+    for budget in (300.0, 400.0, 1000.0):
+        assert voided.would_exceed(budget=budget, delta=DELTA, next_event=QUERY) == \
+            private.would_exceed(budget=budget, delta=DELTA, next_event=QUERY)
+
+
+def test_poisson_and_without_replacement_events_never_share_a_ledger() -> None:
+    """Their bounds hold under different adjacency relations (add/remove vs replace-one)."""
+    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, sampling="poisson")])
+    with pytest.raises(ValueError, match="cannot compose"):
+        ledger.record(PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, sampling="wor", population=10))
+    mixed = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0), PrivacyEvent(1.0, 0.25, sampling="wor", population=4)])
+    assert mixed.prv_epsilon(delta=DELTA)[0] is None and "without replacement" in mixed.prv_epsilon(delta=DELTA)[1]
+    with pytest.raises(ValueError, match="integer sample"):
+        PrivacyEvent(noise_multiplier=1.0, sample_rate=0.3, sampling="wor", population=4)
+
+
+def test_the_larger_record_wins() -> None:
+    """A client ledger that lost releases (its state file deleted) or a server record that missed
+    a late answer: whichever accounts for more is what reports keep."""
+    small, large = _ledger((2, NM)), _ledger((3, NM))
+    assert large.exceeds(small, delta=DELTA) and not small.exceeds(large, delta=DELTA)
+    void = PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, void=VOID_RAW_DELTA)])
+    assert void.exceeds(large, delta=DELTA)
+    assert not small.exceeds(small.copy(), delta=DELTA)
+
+
 def test_epsilon_is_cached_until_the_next_record(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = ledger_module.rdp_epsilon
-    monkeypatch.setattr(ledger_module, "rdp_epsilon", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = ledger_module.epsilon_from_rdp
+    monkeypatch.setattr(ledger_module, "epsilon_from_rdp", lambda *a, **k: calls.append(1) or real(*a, **k))
     ledger = _ledger((5, NM))
     first = ledger.epsilon(delta=DELTA)
     assert ledger.epsilon(delta=DELTA) == first and ledger.epsilon_both(delta=DELTA)["epsilon"] == first

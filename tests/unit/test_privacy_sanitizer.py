@@ -55,11 +55,18 @@ def test_event_is_one_query_at_sigma_over_sqrt_b() -> None:
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_non_finite_gradients_raise(bad: float) -> None:
+def test_non_finite_gradients_are_zeroed_noised_and_charged(bad: float) -> None:
+    """A diverged discriminator must not make the client raise an error that counts bad samples
+    (a data-dependent, unaccounted release): the bad rows count as zero, the answer is noised and
+    the event is the usual one."""
     grads = torch.randn(4, 6)
     grads[2, 3] = bad
-    with pytest.raises(ValueError, match="NaN or inf"):
-        sanitize_sample_grads(grads, clip=1.0, noise_multiplier=1.0, generator=noise_generator(0))
+    out, event = sanitize_sample_grads(grads, clip=1.0, noise_multiplier=0.0, generator=noise_generator(0))
+    assert torch.equal(out[2], torch.zeros(6)) and bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out[[0, 1, 3]], clip_sample_grads(grads[[0, 1, 3]], clip=1.0))
+    noisy, noisy_event = sanitize_sample_grads(grads, clip=1.0, noise_multiplier=1.0, generator=noise_generator(0))
+    assert bool(torch.isfinite(noisy).all()) and float(noisy[2].abs().sum()) > 0
+    assert noisy_event == PrivacyEvent(noise_multiplier=1.0 / 2.0, sample_rate=1.0)
 
 
 @pytest.mark.parametrize(

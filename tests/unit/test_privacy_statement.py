@@ -1,56 +1,82 @@
-"""Privacy statement: generated from the ledgers, names δ, accountants and both rules."""
+"""Privacy statements: generated in one place from ledgers; they name δ, the accountant, the rules,
+and say NOT PRIVATE when a ledger holds a non-private release."""
 
 from __future__ import annotations
 
 import math
 
-import pytest
-
-from common.privacy import (
-    ACCOUNTING_RULE_AMPLIFIED,
-    ACCOUNTING_RULE_PER_CLIENT,
-    PrivacyEvent,
-    PrivacyLedger,
-    amplified_epsilon,
-    privacy_statement,
+from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
+from common.privacy.statement import (
+    RULE_AMPLIFIED_WOR,
+    RULE_PER_CLIENT,
+    client_entry,
+    dpgan_statement,
+    fedavg_statement,
+    gswgan_statement,
+    max_epsilon,
+    server_entry,
 )
 
 DELTA = 1e-5
 NM = 1.07 / math.sqrt(32)
-KW = dict(delta=DELTA, clients_per_step=1, num_clients=4, noise_multiplier=1.07, batch_size=32)
+GS = dict(delta=DELTA, accountant="rdp", noise_multiplier=1.07, batch_size=32)
 
 
-def _ledgers(counts: dict[int, int]) -> dict[int, PrivacyLedger]:
-    return {
-        cid: PrivacyLedger([PrivacyEvent(noise_multiplier=NM, sample_rate=1.0, count=n)] if n else [])
-        for cid, n in counts.items()
-    }
+def _ledgers(counts: dict[int, int], void: str = "") -> dict[int, PrivacyLedger]:
+    return {cid: PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=n, void=void)] if n else [])
+            for cid, n in counts.items()}
 
 
-def test_statement_names_rules_delta_and_worst_client() -> None:
+def _server(steps: int, population: int = 4, void: str = "") -> PrivacyLedger:
+    return PrivacyLedger([PrivacyEvent(noise_multiplier=NM, sample_rate=1 / population, count=steps,
+                                       sampling="wor", population=population, void=void)] if steps else [])
+
+
+def test_statement_names_rules_delta_and_both_figures_from_the_ledgers() -> None:
     ledgers = _ledgers({0: 2, 1: 5, 2: 3, 3: 0})
-    text = privacy_statement(ledgers, steps=10, **KW)
+    server = _server(10)
+    text = gswgan_statement(ledgers, server, **GS)
     worst = ledgers[1].epsilon(delta=DELTA)
     assert "δ = 1e-05" in text and "RDP" in text and "PRV" in text
-    assert ACCOUNTING_RULE_PER_CLIENT in text and ACCOUNTING_RULE_AMPLIFIED in text
-    assert "client (1, 5 queries)" in text and f"{worst:.3g}" in text
-    amplified = amplified_epsilon(noise_multiplier=NM, sample_rate=0.25, steps=10, delta=DELTA)
-    assert f"{amplified:.3g}" in text and "3 of 4 clients" in text
-    assert "weak" in text  # ε in the hundreds must be called what it is
+    assert RULE_PER_CLIENT in text and RULE_AMPLIFIED_WOR in text
+    assert "client (1, 5 releases)" in text and f"{worst:.3g}" in text and "3 of 4 clients" in text
+    amplified = server.epsilon(delta=DELTA)
+    assert f"{amplified:,.0f}" in text or f"{amplified:.3g}" in text
+    assert "weak" in text and "NOT PRIVATE" not in text
 
 
-def test_statement_without_queries() -> None:
-    text = privacy_statement(_ledgers({0: 0, 1: 0}), steps=0, **KW)
-    assert "no client has answered a query, so ε = 0" in text and "weak" not in text
+def test_statement_without_releases() -> None:
+    text = gswgan_statement(_ledgers({0: 0, 1: 0}), _server(0), **GS)
+    assert "no client has released anything, so ε = 0" in text and "weak" not in text
 
 
-def test_statement_is_conservative_on_ledger_config_mismatch() -> None:
-    """Ledgers recording a smaller multiplier, or more queries than steps: the worse one is used."""
-    ledgers = {0: PrivacyLedger([PrivacyEvent(noise_multiplier=0.1, sample_rate=1.0, count=4)])}
-    text = privacy_statement(ledgers, steps=2, **KW)
-    assert "below the configured" in text and "after 4 generator steps" in text
+def test_a_void_ledger_makes_the_statement_not_private() -> None:
+    ledgers = _ledgers({0: 2, 1: 1}, void=VOID_NOISE_SEED)
+    text = gswgan_statement(ledgers, _server(3, void=VOID_NOISE_SEED), **GS)
+    assert text.startswith("NOT PRIVATE: " + VOID_NOISE_SEED)
+    assert "ε is unbounded for 2 of them" in text
+    entry = client_entry(0, ledgers[0], delta=DELTA, accountant="rdp")
+    assert entry["epsilon"] is None and entry["epsilon_reason"].startswith("unbounded: NOT PRIVATE")
+    assert max_epsilon([entry]) is None
 
 
-def test_statement_rejects_bad_sampling() -> None:
-    with pytest.raises(ValueError):
-        privacy_statement({}, steps=1, **{**KW, "clients_per_step": 5})
+def test_prv_headline_falls_back_to_rdp_and_says_so() -> None:
+    wor = _server(5)
+    entry = server_entry(wor, delta=DELTA, accountant="prv", kind="k", rule="r")
+    assert entry["epsilon"] == wor.epsilon(delta=DELTA) and "RDP shown" in entry["epsilon_reason"]
+    small = PrivacyLedger([PrivacyEvent(noise_multiplier=2.0, count=3)])
+    prv = client_entry(0, small, delta=DELTA, accountant="prv")
+    assert prv["epsilon"] == small.epsilon(delta=DELTA, accountant="prv") < small.epsilon(delta=DELTA)
+    assert prv["epsilon_reason"] == ""
+
+
+def test_dpgan_and_fedavg_statements_name_their_own_guarantee() -> None:
+    curator = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.05, count=40, sampling="poisson")])
+    text = dpgan_statement(curator, delta=DELTA, accountant="rdp")
+    assert "every training example" in text and f"{curator.epsilon(delta=DELTA):.3g}" in text
+    clients = {0: PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, void=VOID_RAW_DELTA)]), 1: PrivacyLedger()}
+    server = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.5, count=3, sampling="poisson")])
+    text = fedavg_statement(clients, server, delta=DELTA, accountant="rdp", clip=0.1, noise_multiplier=1.0)
+    assert "ε is unbounded for 1 of them" in text and "user-level" in text
+    assert not text.startswith("NOT PRIVATE")  # raw deltas are the strategy, not a debugging option
