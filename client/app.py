@@ -66,7 +66,7 @@ def _persist(record: ConfigRecord, state: ClientState) -> None:
 def node_policy(context: Context) -> tuple[NodePolicy, str]:
     """(this node's privacy policy, "") or (the defaults, why the policy could not be used): a
     node whose policy is broken refuses everything rather than fall back to looser defaults."""
-    key = tuple(sorted((k, str(v)) for k, v in context.node_config.items()))
+    key = tuple(sorted(context.node_config.items()))  # scalars: hashable, types kept
     env = os.environ.get("FEDGAN_NODE_POLICY", "")
     return _cached_policy(key, env, _mtime(env), _mtime(str(context.node_config.get("privacy-policy", ""))))
 

@@ -64,6 +64,9 @@ def message_wire_bytes(message: Message) -> WireBytes:
         fixed = (None, 0, SUPERLINK_NODE_ID) if key.endswith("node_id") else (None, 0)
         if fields.get(key) not in fixed:
             fields[key] = WIDEST_ID
+    if not message.has_content():  # an error reply: its envelope carries the error, no payload objects
+        return WireBytes(payload=0, envelope=message_to_proto(make_message(metadata=metadata,
+                                                                           error=message.error)).ByteSize())
     normalized = make_message(metadata=metadata, content=message.content)
     objects = get_all_nested_objects(normalized)
     payload = sum(len(obj.deflate()) for obj in objects.values())

@@ -198,7 +198,11 @@ def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strat
                 status = "stopped: no client can answer (budgets exhausted or clients failed)"
                 break
             round_started = time.monotonic()
-            if _round(cfg, transport, strategy, state, available):
+            took_step, asked = _round(cfg, transport, strategy, state, available)
+            if not took_step and not asked:  # the strategy needs a client that is gone (DPGAN's curator)
+                status = "stopped: no client can answer (budgets exhausted or clients failed)"
+                break
+            if took_step:
                 state.step += 1
                 state.step_times.append(time.monotonic() - round_started)
                 bar.update(1)
@@ -225,7 +229,8 @@ def _report_progress(cfg: ExperimentConfig, run: RunDirectory, state: LoopState,
 
 
 def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState,
-           available: list[int]) -> bool:
+           available: list[int]) -> tuple[bool, bool]:
+    """One round; (whether the generator moved, whether any client was asked)."""
     step = state.step
     selected = strategy.select_nodes(available)
     exchange = transport.exchange(strategy.configure_step(step, selected))
@@ -244,7 +249,7 @@ def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, stat
     for note in outcome.notes:
         tqdm.write(f"[step {step}] {note}")
         state.notes.append(f"step {step}: {note}")
-    return outcome.took_step
+    return outcome.took_step, bool(selected)
 
 
 def _client_key(strategy: Strategy, node: int) -> int:

@@ -6,3 +6,18 @@ import torch
 torch.set_num_threads(2)
 os.environ.setdefault("FEDGAN_CLIENT_THREADS", "2")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def allow_nonprivate(tmp_path, monkeypatch):
+    """Every simulated node (Flower simulation or in-process) pins a policy that allows the testing
+    options (a fixed noise seed): the same file ``fedgan simulate --node-policy`` would name."""
+    from common.privacy.policy import POLICY_ENV
+
+    path = tmp_path / "allow-nonprivate.toml"
+    path.write_text("allow-nonprivate = true\n")
+    monkeypatch.setenv(POLICY_ENV, str(path))
+    return path

@@ -129,6 +129,11 @@ def policy_from_mapping(values: Mapping[str, Any], *, source: str) -> NodePolicy
         if key not in _KEYS:
             raise PolicyError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
         kind = _KEYS[key].type
+        if kind in ("float", float) and isinstance(value, str):  # a quoted number in a node config
+            try:
+                value = float(value)
+            except ValueError:
+                raise PolicyError(f"{source}: {key} must be a number, got {value!r}") from None
         if kind in ("float", float) and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(value)
         elif kind in ("bool", bool) and isinstance(value, str) and value.lower() in ("true", "false"):

@@ -12,7 +12,7 @@ from simulations.simulate import _run_flower, _run_inprocess
 
 def dpgan_cfg(tmp_path, name="run", **changes):
     base = dict(strategy="dpgan", num_clients=3, steps=4, model="tiny", synthetic_samples_per_writer=40,
-                dpgan_batch_size=16, dpgan_n_d=3, progress=False, eval=False, noise_seed=2,
+                dpgan_batch_size=16, dpgan_n_d=3, progress=False, eval=False,
                 out=str(tmp_path / name))
     base.update(changes)
     return ExperimentConfig(**base)
@@ -29,7 +29,7 @@ def test_dpgan_counts_and_epsilon_from_what_ran(tmp_path, runner):
     assert written["sample_rate"] == pytest.approx(16 / (3 * 40))
     assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier
     (client,) = written["clients"]
-    expected = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=16 / 120, count=12)])
+    expected = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=16 / 120, count=12, sampling="poisson")])
     assert client["queries"] == 12
     assert client["epsilon"] == pytest.approx(expected.epsilon(delta=cfg.delta))
     assert client["epsilon_prv"] is not None and client["epsilon_prv"] <= client["epsilon"] + 1e-9
@@ -57,3 +57,17 @@ def test_target_epsilon_calibrates_sigma_for_the_planned_steps(tmp_path):
     assert written["discriminator_steps"] == 6 and written["target_epsilon"] == 5.0
     assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier != 1.0  # calibrated, recorded as used
     assert 4.5 < written["clients"][0]["epsilon"] <= 5.0                  # reaches, never overshoots
+
+
+def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):
+    """Adaptive n_D can take more discriminator steps than the calibration planned (target 10 ended
+    at 11.74 before): the curator enforces the target as its budget and the run stops cleanly there.
+    Modelled here by running twice the planned rounds."""
+    from common.calibration import prepare
+
+    cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0)).replace(steps=6)
+    summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
+    assert error is None, error
+    assert summary["status"].startswith("stopped") and summary["steps_completed"] == 3
+    assert summary["clients"][0]["epsilon"] <= 5.0
+    assert any("would exceed its epsilon budget 5" in n for n in summary["notes"])

@@ -9,31 +9,33 @@ from flwr.app import ArrayRecord, Array
 
 from client.app import app as client_app
 from common.config import ExperimentConfig
-from server.loop import run_experiment
+from server.loop import NodeRefused, run_experiment
 from server.reporting import RunDirectory, RunDirectoryError
 from server.transport import InProcessTransport
+from tests.policies import ALLOW_NONPRIVATE
 
 
 def cfg_for(tmp_path, name="run", **changes) -> ExperimentConfig:
     base = dict(num_clients=3, steps=6, model="tiny", batch_size=8, n_critic=2,
                 synthetic_samples_per_writer=24, log_every=1, sample_every=100, checkpoint_every=100,
-                progress=False, eval=False, noise_seed=3, out=str(tmp_path / name))
+                progress=False, eval=False, sampling_seed=3, out=str(tmp_path / name))
     base.update(changes)
     return ExperimentConfig(**base)
 
 
-def run_inprocess(cfg, *, resume=False, app=client_app):
+def run_inprocess(cfg, *, resume=False, app=client_app, transport=None, prior=None):
+    """Nodes pin a policy that allows the testing options (fixed noise seeds, σ = 0)."""
     run = RunDirectory.open_existing(cfg.out)[0] if resume else RunDirectory.create(cfg)
     if resume:
         run.write_json("config.json", cfg.to_dict())
-    return run, run_experiment(cfg, run, InProcessTransport(app, cfg.num_clients), resume=resume,
-                               transport_name="inprocess")
+    transport = transport or InProcessTransport(app, cfg.num_clients, node_config=ALLOW_NONPRIVATE)
+    return run, run_experiment(cfg, run, transport, resume=resume, transport_name="inprocess", prior=prior)
 
 
 def test_resume_continues_exactly(tmp_path):
-    straight_cfg = cfg_for(tmp_path, "straight")
+    straight_cfg = cfg_for(tmp_path, "straight", noise_seed=3)
     straight_run, straight = run_inprocess(straight_cfg)
-    part_cfg = cfg_for(tmp_path, "parts", steps=3)
+    part_cfg = cfg_for(tmp_path, "parts", steps=3, noise_seed=3)
     part_run, first = run_inprocess(part_cfg)
     assert first["steps_completed"] == 3
     _, resumed = run_inprocess(part_cfg.replace(steps=6), resume=True)
@@ -107,6 +109,7 @@ def test_lean_wire_sends_uint8_samples_and_float16_gradients(tmp_path):
     assert down32 - down8 == pytest.approx((n + 1) * B * 784 * 3, abs=64)
     assert lean["wire_dtype"] == "float16"
     assert [c["epsilon"] for c in lean["clients"]] == [c["epsilon"] for c in f32["clients"]]
+    assert lean["epsilon_amplified"]["epsilon"] is None and "sampling-seed" in lean["epsilon_amplified"]["epsilon_reason"]
 
 
 def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
@@ -129,3 +132,99 @@ def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
         before = abs(initial(z, y).mean().item() - real_mean)
         after = abs(g(z, y).mean().item() - real_mean)
     assert after < 0.5 * before
+
+
+class RecordingTransport(InProcessTransport):
+    """Remembers which client each generator step asked."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[int] = []
+
+    def exchange(self, outgoing, **kwargs):
+        self.asked += [o.node_id for o in outgoing if o.message_type == "train.gswgan"]
+        return super().exchange(outgoing, **kwargs)
+
+
+def test_two_runs_with_one_seed_sample_different_clients_unless_told_to_repeat(tmp_path):
+    """The server's sampling is secret: config.json's seed does not predict who answered when. The
+    testing flag repeats it, and then the amplified figure, which rests on it, is void."""
+    asked = []
+    for name in ("a", "b"):
+        transport = RecordingTransport(client_app, 4)
+        run_inprocess(cfg_for(tmp_path, name, num_clients=4, steps=8, sampling_seed=-1), transport=transport)
+        asked.append(transport.asked)
+    assert asked[0] != asked[1]
+    repeated = []
+    for name in ("c", "d"):
+        transport = RecordingTransport(client_app, 4)
+        _, summary = run_inprocess(cfg_for(tmp_path, name, num_clients=4, steps=8), transport=transport)
+        repeated.append(transport.asked)
+        amplified = summary["epsilon_amplified"]
+        assert amplified["epsilon"] is None and "predictable" in amplified["epsilon_reason"]
+        assert all(c["epsilon"] is not None for c in summary["clients"])  # the per-client figure stands
+    assert repeated[0] == repeated[1]
+
+
+def test_a_node_whose_policy_is_broken_stops_the_run_before_any_release(tmp_path):
+    """The server asks for σ = 1.07 and no budget; node 1 pins σ ≥ 2 and node 2 ε ≤ 5 under a
+    smaller δ: the run ends at the hello, naming each node and its reason."""
+    cfg = cfg_for(tmp_path, client_epsilon_budget=20.0)
+    transport = InProcessTransport(client_app, 3, node_configs={
+        1: {"privacy-min-noise-multiplier": 2.0}, 2: {"privacy-max-epsilon": 5.0, "privacy-delta": 1e-7}})
+    with pytest.raises(NodeRefused) as err:
+        run_inprocess(cfg, transport=transport)
+    text = str(err.value)
+    assert "2 of 3 nodes refuse" in text and "(client 1): noise multiplier 1.07 is below the node's minimum 2" in text
+    assert "(client 2): epsilon budget 20 exceeds the node's maximum 5" in text and "delta 1e-05" in text
+    assert not list((tmp_path / "run" / "clients").glob("client-*.pt"))  # nothing was released
+
+
+def test_default_nodes_refuse_a_fixed_noise_seed_and_an_allowed_one_is_reported_not_private(tmp_path):
+    cfg = cfg_for(tmp_path, noise_seed=3)
+    with pytest.raises(NodeRefused, match="fixed noise seed"):
+        run_inprocess(cfg, transport=InProcessTransport(client_app, 3))
+    run, summary = run_inprocess(cfg_for(tmp_path, "allowed", noise_seed=3))
+    privacy = json.loads((run.path / "privacy.json").read_text())
+    assert privacy["statement"].startswith("NOT PRIVATE") and privacy["not_private"]
+    queried = [c for c in privacy["clients"] if c["queries"]]
+    assert queried and all(c["epsilon"] is None and "NOT PRIVATE" in c["epsilon_reason"] for c in queried)
+
+
+def _late(node_offset: int, step: int):
+    """The node answers (and charges its ledger) at ``step``, but the reply never reaches the server."""
+    from flwr.app import Error, Message
+
+    def app(message, context):
+        reply = client_app(message, context)
+        if (context.node_config["partition-id"] == node_offset and message.metadata.message_type == "train.gswgan"
+                and int(message.content.config_records["scalars"]["step"]) >= step):
+            return Message(Error(code=0, reason="reply lost"), reply_to=message)
+        return reply
+    return app
+
+
+def test_a_client_that_answered_after_failing_is_fully_reported(tmp_path):
+    """privacy.json once missed a late answer: the server now charges a query when it is sent and
+    asks failed nodes for their ledgers at the end; the larger record is reported."""
+    from client.state import load_ledger
+
+    cfg = cfg_for(tmp_path, steps=10)
+    run, summary = run_inprocess(cfg, app=_late(1, 2))
+    assert 1 in summary["failed_clients"]
+    own = load_ledger(cfg, 1, run.state_dir, version=10**9)
+    privacy = json.loads((run.path / "privacy.json").read_text())
+    assert own.queries >= 1 and privacy["clients"][1]["queries"] == own.queries
+    assert privacy["clients"][1]["epsilon"] == pytest.approx(own.epsilon(delta=cfg.delta))
+
+
+def test_a_client_ledger_that_lost_releases_does_not_shrink_the_report(tmp_path):
+    """Deleting a client's state file (which no message advises any more) leaves the server's record."""
+    cfg = cfg_for(tmp_path, steps=6)
+    run, first = run_inprocess(cfg)
+    for path in (run.path / "clients").glob("client-*.pt"):
+        path.unlink()
+    _, resumed = run_inprocess(cfg.replace(steps=8), resume=True)
+    before = {c["client_id"]: c["queries"] for c in first["clients"]}
+    after = {c["client_id"]: c["queries"] for c in resumed["clients"]}
+    assert sum(after.values()) == 8 and all(after[c] >= before[c] for c in before)

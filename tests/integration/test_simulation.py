@@ -20,7 +20,7 @@ STEPS = 6
 def tiny_cfg(tmp_path, **changes) -> ExperimentConfig:
     base = dict(num_clients=3, steps=STEPS, model="tiny", batch_size=8, n_critic=2,
                 synthetic_samples_per_writer=24, log_every=1, sample_every=3, checkpoint_every=2,
-                progress=False, eval=False, noise_seed=7, out=str(tmp_path / "run"),
+                progress=False, eval=False, sampling_seed=7, out=str(tmp_path / "run"),
                 # Uncompressed: byte counts then depend on the shapes only, so both runtimes match.
                 wire_compression="none")
     base.update(changes)
