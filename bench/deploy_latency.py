@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 
 def run(command: str, out: Path, args: argparse.Namespace, extra: list[str], steps: int) -> dict:
     argv = [str(BIN / "fedgan"), command, *extra, "--num-clients", str(args.num_clients), "--steps",
-            str(steps), "--model", args.model, "--wire-compression", "none", "--batch-size", "32", "--n-critic", "5", "--no-eval",
+            str(steps), "--model", args.model, "--wire-compression", "none", "--sampling-seed", "1", "--batch-size", "32", "--n-critic", "5", "--no-eval",
             "--no-progress", "--sample-every", "1000000", "--out", str(out)]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -57,10 +58,14 @@ def main() -> None:
     parser.add_argument("--model", default="small")
     parser.add_argument("--num-clients", type=int, default=5)
     args = parser.parse_args()
-    # A fixed noise seed (timing only, never private) makes both arms run the same trajectory, so the
-    # deflated payloads have the same sizes and the byte check below compares like with like.
+    # A fixed noise seed and sampling seed (timing only, never private) make both arms run the same
+    # trajectory, so the deflated payloads have the same sizes and the byte check below compares like
+    # with like. The simulated nodes must allow that: their policy says so (FEDGAN_NODE_POLICY).
+    policy = Path(tempfile.mkdtemp()) / "allow-nonprivate.toml"
+    policy.write_text("allow-nonprivate = true\n")
+    os.environ["FEDGAN_NODE_POLICY"] = str(policy)
     cfg = ExperimentConfig(steps=args.steps, model=args.model, num_clients=args.num_clients, noise_seed=1,
-                           progress=False, sample_every=10**6, checkpoint_every=10**6, eval=False)
+                           sampling_seed=1, progress=False, sample_every=10**6, checkpoint_every=10**6, eval=False)
     results: dict[str, list[dict]] = {"inprocess": [], "flower": []}
     for _ in range(args.repeats):
         for arm in results:

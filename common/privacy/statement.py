@@ -184,7 +184,9 @@ def gswgan_statement(ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger
     parts = [intro, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
     if prior:
         parts.append(prior)
-    return _assemble(list(ledgers.values()) + [server], parts, worst)
+    # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the
+    # amplified figure, and its sentence says so.
+    return _assemble(list(ledgers.values()), parts, worst)
 
 
 def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str) -> str:

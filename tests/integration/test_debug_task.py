@@ -27,9 +27,15 @@ def test_debug_task_selects_inverted_clients_and_accounts_for_the_selection(tmp_
         privacy = json.loads((out / name / "privacy.json").read_text())
         summary = json.loads((out / name / "summary.json").read_text())
         for c in privacy["clients"]:
-            if c["client_id"] in group["clients"]:
-                answered = next(s["queries"] for s in summary["clients"] if s["client_id"] == c["client_id"])
-                # the client's own ledger: its GS-WGAN answers plus its one selection release
-                assert PrivacyLedger.from_state_dict(c["ledger"]).queries == answered
-                assert c["epsilon"] > 0
+            answered = next(s["queries"] for s in summary["clients"] if s["client_id"] == c["client_id"])
+            ledger = PrivacyLedger.from_state_dict(c["ledger"])
+            # a member's own ledger: its GS-WGAN answers plus its one selection release
+            assert ledger.queries == answered and c["epsilon"] > 0
+            if c["client_id"] not in group["clients"]:
+                # every client's selection release decided this group: it is in this group's report
+                assert [(e.noise_multiplier, e.count) for e in ledger.history] == [(1.0, 1)]
+        # the amplified figure composes the selection (everyone, unsampled) with the group's steps
+        first = PrivacyLedger.from_state_dict(privacy["epsilon_amplified"]["ledger"]).history[0]
+        assert (first.noise_multiplier, first.sampling, first.count) == (1.0, "none", 1)
+        assert group["epsilon_max_per_client"] == max(c["epsilon"] for c in privacy["clients"])
     assert (out / "side_by_side.png").stat().st_size > 1000

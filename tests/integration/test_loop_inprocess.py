@@ -228,3 +228,39 @@ def test_a_client_ledger_that_lost_releases_does_not_shrink_the_report(tmp_path)
     before = {c["client_id"]: c["queries"] for c in first["clients"]}
     after = {c["client_id"]: c["queries"] for c in resumed["clients"]}
     assert sum(after.values()) == 8 and all(after[c] >= before[c] for c in before)
+
+
+def test_live_epsilon_after_resume_includes_answers_after_the_last_checkpoint(tmp_path):
+    """A run that died after its last checkpoint left answers in the clients' ledgers: the hello of
+    the resumed run brings those ledgers, so live ε (metrics.jsonl) is right from the next step, not
+    only in the final report."""
+    from client import state as client_state
+    from common.privacy import PrivacyEvent
+
+    cfg = cfg_for(tmp_path, steps=3)
+    run, _ = run_inprocess(cfg)
+    client_state.clear_cache()
+    state = client_state.load_state(cfg, 2, run.state_dir, version=10**9)
+    nm = cfg.noise_multiplier / 8**0.5
+    for _ in range(6):  # answered after the checkpoint, then the server crashed
+        state.ledger.record(PrivacyEvent(noise_multiplier=nm))
+        state.version += 1
+    client_state.save_state(state, run.state_dir)
+    client_state.clear_cache()
+    run_inprocess(cfg.replace(steps=4), resume=True)
+    line = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert line["step"] == 4
+    assert line["privacy/epsilon_max"] >= state.ledger.epsilon(delta=cfg.delta) * (1 - 1e-9)
+
+
+def test_the_accountant_option_chooses_the_headline(tmp_path):
+    """--accountant prv makes PRV the headline everywhere; where PRV has no bound (sampling without
+    replacement) the figure is RDP and says so."""
+    from server.reporting import format_summary_table
+
+    _, summary = run_inprocess(cfg_for(tmp_path, accountant="prv", noise_multiplier=3.0, sampling_seed=-1))
+    queried = [c for c in summary["clients"] if c["queries"]]
+    assert queried and all(c["epsilon"] == c["epsilon_prv"] < c["epsilon_rdp"] for c in queried)
+    assert summary["accountant"] == "prv" and summary["epsilon_max"] == max(c["epsilon"] for c in queried)
+    assert "RDP shown" in summary["epsilon_amplified"]["epsilon_reason"]
+    assert "PRV)" in format_summary_table(summary) and "PRV accountant" in summary["privacy_statement"]

@@ -281,3 +281,26 @@ def test_plots_and_report_from_a_tiny_simulation(tmp_path_factory: pytest.TempPa
     page = write_report(run, {}, figs).read_text()
     assert len(_embedded_images(page)) == 4  # three plots and the run's latest sample grid
     assert f"δ = {summary['delta']:g}" in page
+
+
+@pytest.mark.parametrize("strategy, says, never", [
+    ("dpgan", ["ε per example, trusted curator", "B = 16", "q = 0.1333"], ["per client, untrusted server", "m per step"]),
+    ("fedavg-gan", ["ε per client, untrusted server", "S = 0.1", "z = 0.01", "user-level, trusted server",
+                    "raw discriminator delta"], ["σ = 1.07", "C = 1"]),
+])
+def test_report_labels_each_strategys_guarantee_and_mechanism(tmp_path: Path, strategy: str, says: list[str],
+                                                              never: list[str]) -> None:
+    """DPGAN's ε is example-level with a trusted curator, and Fed-Avg's mechanism is S and z: the page
+    must not call the one per-client/untrusted, nor show GS-WGAN's σ and C for the other."""
+    from simulations.cli import main
+
+    run = tmp_path / "run"
+    assert main(["simulate", "--strategy", strategy, "--transport", "inprocess", "--steps", "2", "--num-clients", "3",
+                 "--model", "tiny", "--batch-size", "8", "--synthetic-samples-per-writer", "40",
+                 "--dpgan-batch-size", "16", "--dpgan-n-d", "1", "--fedavg-clients-per-round", "2",
+                 "--no-progress", "--no-eval", "--out", str(run)]) == 0
+    page = write_report(run, {}, {}).read_text()
+    for text in says:
+        assert text in page, text
+    for text in never:
+        assert text not in page, text
