@@ -163,8 +163,9 @@ def _read_blob(path: Path, client_id: int, *, mmap: bool = False) -> dict[str, A
         if int(blob["client_id"]) != client_id:
             raise ValueError(f"it holds client {blob['client_id']}, not {client_id}")
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user
-        raise RuntimeError(f"client state file {path} is unreadable ({_first_line(err)}); delete it to "
-                           "restart this client from scratch (its ledger would be lost)") from err
+        raise RuntimeError(f"client state file {path} is unreadable ({_first_line(err)}); it holds this "
+                           "client's privacy ledger: restore it from a backup, or run with a new state "
+                           "directory (the spent privacy stays on record)") from err
     return blob
 
 
@@ -186,8 +187,8 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
         ledger = PrivacyLedger.from_state_dict(blob["ledger"])
     except Exception as err:  # noqa: BLE001 - e.g. a file written under another model preset
         raise RuntimeError(f"client state file {path} does not fit this run's configuration "
-                           f"({_first_line(err)}); use a new state directory, or delete the file to "
-                           "restart this client") from err
+                           f"({_first_line(err)}); run with a new state directory (this file keeps the "
+                           "client's privacy ledger: do not delete it)") from err
     stored = blob.get("data")
     data, key = _partition(cfg, client_id, stored)
     return ClientState(client_id=client_id, discriminator=disc, optimizer=optimizer, ledger=ledger,

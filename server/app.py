@@ -16,7 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from common.config import ExperimentConfig
 
 from .loop import print_summary, run_experiment
-from .reporting import RunDirectory
+from .reporting import FAILURE_FILE, RunDirectory
 from .transport import FlowerTransport
 
 
@@ -64,16 +64,22 @@ def main(grid: Grid, context: Context) -> None:
     cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
     run = RunDirectory.create(cfg)
     control = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
-    if cfg.dataplane == "flower":
-        summary = run_experiment(cfg, run, control, transport_name="flower-run")
-    else:
-        from .dataplane import GrpcTransport, settings_from
+    try:
+        if cfg.dataplane == "flower":
+            summary = run_experiment(cfg, run, control, transport_name="flower-run")
+        else:
+            from .dataplane import GrpcTransport, settings_from
 
-        transport = GrpcTransport(control, context.run_id, settings_from(cfg))
-        try:
-            summary = run_experiment(cfg, run, transport, transport_name="flower-run+grpc-dataplane")
-        finally:
-            transport.close()
+            transport = GrpcTransport(control, context.run_id, settings_from(cfg))
+            try:
+                summary = run_experiment(cfg, run, transport, transport_name="flower-run+grpc-dataplane")
+            finally:
+                transport.close()
+    except Exception as err:
+        # Whoever started the run (`fedgan deploy`, a user reading the run directory) learns why
+        # without digging through `flwr log`: e.g. which node's privacy policy refused the run.
+        run.write_text(FAILURE_FILE, f"{type(err).__name__}: {err}\n")
+        raise
     print_summary(summary)
     if summary["status"] != "completed":
         raise RunIncomplete(f"run {run.path} did not complete: {summary['status']}")

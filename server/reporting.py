@@ -26,6 +26,7 @@ from common.evaluation.plots import tile_images
 from common.models import sample_latent
 
 CHECKPOINT = "checkpoint.pt"
+FAILURE_FILE = "failure.txt"  # why a run started by `flwr run` failed (the ServerApp writes it)
 
 
 class RunDirectoryError(RuntimeError):
@@ -82,7 +83,8 @@ def check_new_run_dir(path: Path) -> None:
         # A run that died before its first checkpoint leaves client state (and spent privacy)
         # behind; a new run must not silently inherit it.
         raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "
-                                "checkpoint?); delete it or choose another --out")
+                                "checkpoint? its clients/ keeps the privacy the clients spent): choose "
+                                "another --out")
 
 
 class RunDirectory:
@@ -167,6 +169,9 @@ class RunDirectory:
 
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_json(self.path / name, obj)
+
+    def write_text(self, name: str, text: str) -> None:
+        atomic_write_bytes(self.path / name, text.encode())
 
     def save_samples(self, generator: torch.nn.Module, step: int, *, num_classes: int, z_dim: int,
                      per_class: int = 10, seed: int = 1234) -> Path:

@@ -336,7 +336,7 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     the deployment's byte figures to summary.json, evaluate; returns ``fedgan simulate``'s exit codes."""
     from server.reporting import RunDirectory, atomic_write_json
 
-    from .simulate import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+    from .simulate import EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
 
     run_path = Path(cfg.out)
     if cfg.dataplane == "grpc":
@@ -355,9 +355,13 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start))
     summary_path = run_path / "summary.json"
     if not summary_path.is_file():
-        print(f"fedgan: the run ended as {info['status']} without a summary; ServerApp log: "
+        from server.reporting import FAILURE_FILE
+
+        failure = run_path / FAILURE_FILE
+        why = f": {failure.read_text().strip()}" if failure.is_file() else ""
+        print(f"fedgan: the run ended as {info['status']} without a summary{why}\nServerApp log: "
               f"`flwr log {run_id}`; deployment logs in {dep.logs}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_INPUT if "NodeRefused" in why else EXIT_FAILED
     summary = json.loads(summary_path.read_text())
     summary["deployment"] = deployment_report(summary, info, wire, dep, time.monotonic() - started)
     atomic_write_json(summary_path, summary)

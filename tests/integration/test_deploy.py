@@ -170,3 +170,19 @@ def test_descendants_finds_a_grandchild():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
+    """Each SuperNode pins its policy in its node config (`--node-policy`): a server that asks for
+    less noise than the nodes' minimum is refused at the hello, before anything is released, and
+    `fedgan deploy` ends with a message naming the nodes and the reason."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("min-noise-multiplier = 1.0\nmax-epsilon = 100\n")
+    run_dir = tmp_path / "refused"
+    result = fedgan("deploy", "--local", "--transport", "flower", *TINY, "--num-clients", "2", "--steps", "2",
+                    "--noise-multiplier", "0.5", "--node-policy", str(policy), "--out", str(run_dir))
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 of 2 nodes refuse this run" in result.stderr
+    assert "noise multiplier 0.5 is below the node's minimum 1" in result.stderr and str(policy) in result.stderr
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("deploy/nodes/*/state/client-*.pt"))
+    assert_all_stopped(started_pids(run_dir))

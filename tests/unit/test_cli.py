@@ -68,3 +68,23 @@ def test_console_script_help_explains_every_flag():
     out = subprocess.run([str(exe), "simulate", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert "--client-epsilon-budget" in out.stdout and "--wire-dtype" in out.stdout
+
+
+def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypatch):
+    """`--node-policy` is what every simulated node pins: a run asking for less noise is refused
+    (exit 2, naming the nodes and why), and a malformed policy file is bad input before any work."""
+    from common.privacy.policy import POLICY_ENV
+
+    monkeypatch.setenv(POLICY_ENV, "")  # restored after the test: main() points it at the policy file
+    policy = tmp_path / "policy.toml"
+    policy.write_text("min-noise-multiplier = 2.0\n")
+    args = ["simulate", "--transport", "inprocess", "--num-clients", "2", "--steps", "1", "--model", "tiny",
+            "--batch-size", "8", "--n-critic", "1", "--synthetic-samples-per-writer", "24", "--no-eval",
+            "--no-progress", "--node-policy", str(policy)]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "2 of 2 nodes refuse" in err and "noise multiplier 1.07 is below the node's minimum 2" in err
+    assert main([*args, "--noise-multiplier", "2.5", "--out", str(tmp_path / "b")]) == 0
+    policy.write_text("min-noise-multiplier = 'lots'\n")
+    assert main([*args, "--out", str(tmp_path / "c")]) == 2
+    assert "min-noise-multiplier must be a number" in capsys.readouterr().err

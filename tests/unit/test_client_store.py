@@ -124,8 +124,10 @@ def test_files_of_format_1_still_load(cfg, tmp_path):
 
 def test_corrupt_file_is_a_clear_error(cfg, tmp_path):
     client_state.state_path(tmp_path, 0).write_bytes(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="client-00000.pt is unreadable.*delete it"):
+    with pytest.raises(RuntimeError, match="client-00000.pt is unreadable.*privacy ledger") as err:
         client_state.load_state(cfg, 0, tmp_path, version=1)
+    # Deleting the file would reset the client's ledger (and its budget): never advised.
+    assert "delete it" not in str(err.value)
     with pytest.raises(RuntimeError, match="unreadable"):
         client_state.load_ledger(cfg, 0, tmp_path, version=1)
 
