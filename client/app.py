@@ -244,7 +244,7 @@ def handle_dpgan(message: Message, context: Context) -> Message:
     refusal = policy_refusal(context, cfg)
     over = "" if refusal else node_policy(context)[0].over_budget(node.ledger, node.step_event(node.n_d), cfg)
     if over:
-        refusal = f"{node.n_d} more discriminator steps: {over}"
+        refusal = f"{node.n_d} more discriminator steps {over}"
     if refusal:
         scalars.update(refused=True, reason=f"the DPGAN node refuses: {refusal}")
         return Message(encode_records({}, scalars), reply_to=message)

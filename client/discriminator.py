@@ -146,7 +146,7 @@ def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery,
     event = planned_event(cfg, B)
     over = policy.over_budget(state.ledger, event, cfg)
     if over:
-        return _refusal(state, cfg, query.step, over)
+        return _refusal(state, cfg, query.step, f"one more answer {over}")
     fakes_np, labels_np = validate_query(query, n_critic=cfg.n_critic, num_classes=num_classes_for(cfg),
                                          critic_fakes=cfg.critic_fakes)
     if cfg.warmup_steps and not state.warmed_up:

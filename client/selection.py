@@ -34,7 +34,7 @@ def noisy_accuracy(state: ClientState, cfg: ExperimentConfig, classifier_state: 
     event = PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=1.0, void=void)
     over = policy.over_budget(state.ledger, event, cfg)
     if over:
-        return None, f"client {state.client_id} refuses the selection query: {over}"
+        return None, f"client {state.client_id} refuses: the selection query {over}"
     model = DomainClassifier(num_classes)
     model.load_state_dict(classifier_state)
     model.eval()

@@ -60,11 +60,12 @@ class NodePolicy:
         return sorted(set(out))
 
     def over_budget(self, ledger: Any, event: Any, cfg: Any) -> str:
-        """Why recording ``event`` in ``ledger`` would break a budget ("" when it would not)."""
+        """Why recording ``event`` in ``ledger`` would break a budget ("" when it would not), as the
+        end of a sentence whose subject is the release ("one more answer would exceed ...")."""
         for budget, delta in self.budgets(cfg):
             if ledger.would_exceed(budget=budget, delta=delta, next_event=event):
                 spent = ledger.nominal_rdp_epsilon(delta=delta)[0]
-                return f"one more release would exceed its epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
+                return f"would exceed its epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
         return ""
 
     def violations(self, cfg: Any) -> list[str]:
