@@ -218,7 +218,8 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     kind = summary.get("epsilon_kind", "per client, untrusted server")
     accountant = summary.get("accountant", "rdp").upper()
     if amp.get("epsilon") is not None:
-        amp_text = (f"{amp['epsilon']:.4g}  [{amp.get('kind') or 'assumes the server samples clients uniformly'}, "
+        sampling = {"wor": "without replacement", "poisson": "Poisson"}.get(amp.get("sampling", ""), "")
+        amp_text = (f"{amp['epsilon']:.4g}  [assumes the server samples in secret{', ' + sampling if sampling else ''}; "
                     f"largest q = {amp.get('sample_rate', float('nan')):.3g}]")
     else:
         amp_text = amp.get("epsilon_reason") or ("n/a: " + amp.get("assumption", ""))
