@@ -2,7 +2,7 @@
 
 Each variant runs the same configuration for a few steps through the one round loop
 (``server.loop.run_experiment``) with the in-process transport, which builds real Flower messages
-and counts them with ``client.flower_wire.message_wire_bytes``, exactly as summary.json's
+and counts them with ``protos.wire.message_wire_bytes``, exactly as summary.json's
 ``comm.bytes_per_step`` does. CT is bytes per generator step per participating client, down + up.
 Writes ``bench/results/lean_wire.json`` and prints one line.
 
@@ -61,7 +61,7 @@ def main() -> None:
     out = {"config": base.to_dict(), "variants": {n: {"changes": VARIANTS[n], "bytes_per_step": r}
                                                   for n, r in results.items()},
            "definition": "CT: serialized Flower message bytes per generator step per participating client "
-                         "(down + up), counted by client.flower_wire.message_wire_bytes"}
+                         "(down + up), counted by protos.wire.message_wire_bytes"}
     path = ROOT / "bench" / "results" / "lean_wire.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")

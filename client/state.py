@@ -24,12 +24,12 @@ import copy
 import os
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
+from common.client_state import ClientState, adam_for, new_state
 from common.config import ExperimentConfig
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.models import build_discriminator
@@ -37,20 +37,6 @@ from common.privacy import PrivacyLedger
 
 CACHE_SIZE = 32
 STATE_FORMAT = "fedgan.client_state/2"  # files without "format" are version 1 (no stored partition)
-
-
-@dataclass
-class ClientState:
-    client_id: int
-    discriminator: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    ledger: PrivacyLedger
-    data_rng: torch.Generator
-    data: ClientData
-    version: int = 0
-    warmed_up: bool = False
-    data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
-    packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
 
 
 _CACHE: "OrderedDict[tuple[str, int], ClientState]" = OrderedDict()
@@ -75,30 +61,6 @@ def _one_intraop_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _adam(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
-
-
-def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
-    return torch.Generator().manual_seed(cfg.seed * 7_919 + client_id)
-
-
-def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
-    """A fresh client: D initialised from a per-client seed, empty ledger, data cursor seeded."""
-    torch.manual_seed(cfg.seed * 1_000_003 + client_id)
-    disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg))
-    images, labels, inverted = client_arrays(cfg, client_id)
-    return ClientState(
-        client_id=client_id,
-        discriminator=disc,
-        optimizer=_adam(cfg, disc),
-        ledger=PrivacyLedger(),
-        data_rng=_data_rng(cfg, client_id),
-        data=client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted),
-        data_key=partition_key(cfg),
-    )
 
 
 def _skeleton_copy(cfg: ExperimentConfig) -> torch.nn.Module:
@@ -180,7 +142,7 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
     try:
         disc = _skeleton_copy(cfg)
         disc.load_state_dict(blob["discriminator"])
-        optimizer = _adam(cfg, disc)
+        optimizer = adam_for(cfg, disc)
         optimizer.load_state_dict(blob["optimizer"])
         data_rng = torch.Generator()
         data_rng.set_state(blob["data_rng"])

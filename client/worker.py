@@ -124,7 +124,7 @@ class Worker:
         from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
         from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-        from client.flower_wire import runtime_message
+        from protos.wire import runtime_message
         from protos import dataplane_pb2 as pb
 
         proto = RecordDictProto()

@@ -22,9 +22,9 @@ Wire encodings (the "lean wire", DESIGN.md §5), each named by a tag that travel
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -60,11 +60,11 @@ class GsQuery:
     labels: np.ndarray
     fake_encoding: str = ""
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"fake": self.fake, "labels": self.labels}
-
-    def scalars(self) -> dict[str, Any]:
-        return {"step": self.step, "batch_size": self.batch_size, "fake_encoding": self.fake_encoding}
+    def decoded(self, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh") -> GsQuery:
+        """The query with its samples as float32 images and its labels as int64, validated against
+        what the client's configuration expects (``validate_query``)."""
+        fakes, labels = validate_query(self, n_critic=n_critic, num_classes=num_classes, critic_fakes=critic_fakes)
+        return dataclasses.replace(self, fake=fakes, labels=labels, fake_encoding="")
 
 
 @dataclass
@@ -88,21 +88,11 @@ class GsAnswer:
     stats: dict[str, float] = field(default_factory=dict)
     grad_encoding: str = ""
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {} if self.grad is None else {"grad": self.grad}
-
-    def scalars(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "client_id": self.client_id,
-            "refused": self.refused,
-            "reason": self.reason,
-            "noise_multiplier": self.noise_multiplier,
-            "sample_rate": self.sample_rate,
-            "queries": self.queries,
-            "epsilon": self.epsilon,
-            "grad_encoding": self.grad_encoding,
-        }
+    def decoded(self, *, batch_size: int, step: int) -> GsAnswer:
+        """The answer with its gradients as float32 (None for a refusal), validated against the
+        query it answers (``validate_answer``)."""
+        return dataclasses.replace(self, grad=validate_answer(self, batch_size=batch_size, step=step),
+                                   grad_encoding="")
 
 
 # --- casts ----------------------------------------------------------------------------------------

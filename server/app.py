@@ -15,7 +15,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from common.config import ExperimentConfig
 
-from .loop import print_summary, run_experiment
+from .loop import run_experiment
+from .summary import print_summary
 from .reporting import FAILURE_FILE, RunDirectory
 from .transport import FlowerTransport
 

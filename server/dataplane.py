@@ -30,7 +30,10 @@ from flwr.app import Error, Message
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from client.flower_wire import decode_records, encode_records, runtime_message
+from common.codec import PayloadError
+from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
+from protos import wire
+from protos.wire import runtime_message
 from common.net import MAX_GRPC_MESSAGE, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
@@ -38,7 +41,6 @@ from protos import dataplane_pb2_grpc as pb_grpc
 from .strategies.base import Outgoing
 from .transport import Exchange, FlowerTransport, _collect, _count
 
-MSG_DATAPLANE = "query.dataplane"
 
 
 class DataPlaneError(RuntimeError):
@@ -174,13 +176,12 @@ class GrpcTransport:
         self.server.start()
         self.server_port = port
         ca = Path(s.tls_ca).read_text() if s.tls_ca else ""
-        kickoff = [Outgoing(n, MSG_DATAPLANE, encode_records({}, {
-            "address": f"{host}:{port}", "token": node_token(self.secret, self.run_id, n), "run_id": self.run_id,
-            "ca": ca, "idle_s": float(s.idle_s)})) for n in nodes]
+        kickoff = [Outgoing(n, DATAPLANE, wire.encode(DataplaneStart(
+            address=f"{host}:{port}", token=node_token(self.secret, self.run_id, n), run_id=self.run_id, ca=ca,
+            idle_s=float(s.idle_s)))) for n in nodes]
         exchange = self.control.exchange(kickoff)
         self.setup_totals = exchange.totals()
-        self.worker_pids = {r.node_id: int(decode_records(r.content)[1].get("pid", -1))
-                            for r in exchange.replies if r.content is not None}
+        self.worker_pids = {r.node_id: _pid(r.content) for r in exchange.replies if r.content is not None}
         failed = [f"node {r.node_id}: {r.error}" for r in exchange.replies if r.content is None]
         if failed:
             raise DataPlaneError("nodes could not start their data-plane worker: " + "; ".join(failed))
@@ -271,3 +272,12 @@ class GrpcTransport:
                 session.outbox.put(None)
         if self.server is not None:
             self.server.stop(grace=2.0).wait(5.0)
+
+
+def _pid(content) -> int:
+    """The worker's pid a kick-off reply names (-1: "already running", or a reply without one)."""
+    try:
+        reply = wire.decode(DataplaneReply, content)
+    except PayloadError:
+        return -1
+    return -1 if reply.pid is None else reply.pid

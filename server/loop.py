@@ -1,48 +1,33 @@
-"""The one round loop. Strategies fill hooks; this file owns transport, bytes, logs, checkpoints, reports.
+"""The one round loop. Strategies fill hooks; this file owns the steps, bytes, logs and checkpoints.
 
-Every strategy (GS-WGAN here; DPGAN and Fed-Avg GAN plug in the same way) runs through
-``run_experiment``. A step only counts when the strategy says the generator moved; clients that
-refuse (budget) or fail (error, timeout, malformed answer) are not asked again, and the run stops
-cleanly, with a checkpoint and a summary, when nobody is left to ask.
+Every method runs through ``run_experiment``: the session's hello (``session.py``), the rounds,
+the ledger fetch, then summary.json and privacy.json (``summary.py``). A step only counts when the
+strategy says the generator moved; clients that refuse (budget) or fail (error, timeout, malformed
+answer) are not asked again, and the run stops cleanly, with a checkpoint and a summary, when
+nobody is left to ask.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.data import num_classes_for
 from common.metrics import CommCounter
-from common.privacy.statement import DO_NOT_PUBLISH
 
-from .reporting import RunDirectory, format_summary_table
+from .reporting import RunDirectory
+from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategies import build_strategy
-from .strategies.base import Incoming, Outgoing, PriorReleases, Strategy
+from .strategies.base import PriorReleases, Strategy
+from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
 from .transport import Exchange
 
-MSG_HELLO = "query.hello"
-# A node that failed during the run is still asked for its ledger at the end (it may have answered,
-# and charged itself, after the server stopped waiting), but only this long: a dead node must not
-# hold the report back by a whole reply timeout.
-BEST_EFFORT_TIMEOUT_S = 30.0
-
-
-class NodeRefused(RuntimeError):
-    """A node's own privacy policy refuses the run's configuration; the message names it and why."""
-
-
-class Transport(Protocol):
-    def node_ids(self, expected: int) -> list[int]: ...
-
-    def exchange(self, outgoing: list, *, timeout_s: float | None = None) -> Exchange: ...
+__all__ = ["NodeRefused", "run_experiment"]
 
 
 @dataclass
@@ -76,100 +61,18 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
     state.comm.add_control(*getattr(transport, "setup_totals", (0, 0)))  # a data plane's kick-off messages
-    nodes = _handshake(cfg, run, transport, strategy, state, nodes)
+    nodes, greeting = greet(cfg, str(run.state_dir), transport, strategy, nodes)
+    state.ledger_holders = greeting.ledger_holders
+    state.comm.add_control(greeting.bytes_down, greeting.bytes_up)
     allowed = set(cfg.participants())
     nodes = [n for n in nodes if strategy.node_client[n] in allowed]
     status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
-    _fetch_ledgers(cfg, transport, strategy, state)
-    summary = _finish(cfg, run, strategy, state, status, transport_name)
-    return summary
-
-
-def handshake(cfg: ExperimentConfig, state_dir: str, transport: Transport,
-              nodes: list[int]) -> tuple[dict[int, int], int, int]:
-    """Send every node the run's config and state directory; learn its client id.
-
-    Returns (node -> client id, bytes down, bytes up). Fails when the nodes do not hold exactly
-    the partitions 0..num_clients-1.
-    """
-    hello = _hello(cfg, state_dir, transport, nodes)
-    return hello.mapping, hello.bytes_down, hello.bytes_up
-
-
-@dataclass
-class Hello:
-    """What the run's hello taught the server about its nodes."""
-
-    mapping: dict[int, int]  # node -> client id
-    ledger_holders: frozenset[int]  # clients whose ledger may hold releases (all that did not say it is empty)
-    bytes_down: int
-    bytes_up: int
-    replies: list[Incoming] = field(default_factory=list)  # (a client with releases sends its ledger)
-
-
-# One exchange carries at most this many messages. Flower 1.41's in-memory Grid checks every
-# pending message id on each pull (InMemoryLinkState.get_message_res, every 2 ms here), so one
-# exchange of K messages costs O(K) per poll. Measured with 3,400 simulated nodes: 14 s for the
-# hellos in chunks of 128, 35 s in one exchange, once Flower's feeder no longer scans every node
-# on each pass (while it does, that scan dominates and both take ~35 s); chunks of 16 are slower.
-BROADCAST_CHUNK = 128
-
-
-def _hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: list[int]) -> Hello:
-    """``handshake``, keeping what the replies say about the clients' ledgers.
-
-    A reply may carry ``ledger_queries`` (queries already in the client's ledger when the run
-    starts); ``_fetch_ledgers`` skips a client only on that word, so a ClientApp that does not
-    send it keeps every client asked. A node whose privacy policy refuses the configuration says
-    so here, and the run stops before any release (``NodeRefused``, naming each node and why).
-    """
-    setup = {"config": json.dumps(cfg.to_dict()), "state_dir": state_dir}
-    exchange = _exchange_in_chunks(transport, [Outgoing(n, MSG_HELLO, encode_records({}, setup)) for n in nodes])
-    mapping, holders, refusals = {}, set(), []
-    for reply in exchange.replies:
-        if reply.content is None:
-            raise RuntimeError(f"node {reply.node_id} did not answer the run's hello: {reply.error}")
-        scalars = decode_records(reply.content)[1]
-        mapping[reply.node_id] = int(scalars["client_id"])
-        if scalars.get("refused"):
-            refusals.append(f"node {reply.node_id} (client {mapping[reply.node_id]}): {scalars.get('reason', '')}")
-        if int(scalars.get("ledger_queries", 1)) > 0:  # not said: it may hold releases
-            holders.add(mapping[reply.node_id])
-    if refusals:
-        more = f" (and {len(refusals) - 5} more)" if len(refusals) > 5 else ""
-        raise NodeRefused(f"{len(refusals)} of {len(nodes)} nodes refuse this run under their own privacy "
-                          f"policy: {'; '.join(refusals[:5])}{more}")
-    if sorted(mapping.values()) != list(range(cfg.num_clients)):
-        raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
-                           "each node needs a distinct partition-id below num_clients")
-    return Hello(mapping, frozenset(holders), *exchange.totals(), replies=exchange.replies)
-
-
-def _exchange_in_chunks(transport: Transport, outgoing: list[Outgoing], *,
-                        timeout_s: float | None = None) -> Exchange:
-    """``transport.exchange`` of ``outgoing`` in pieces of ``BROADCAST_CHUNK`` messages, merged
-    (``timeout_s``: wait at most this long for each piece's replies instead of the transport's own)."""
-    step = BROADCAST_CHUNK
-    kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
-    parts = [transport.exchange(outgoing[i:i + step], **kwargs) for i in range(0, len(outgoing), step)]
-    return Exchange(replies=[r for p in parts for r in p.replies],
-                    bytes_down={n: b for p in parts for n, b in p.bytes_down.items()},
-                    bytes_up={n: b for p in parts for n, b in p.bytes_up.items()})
-
-
-def _handshake(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
-               state: LoopState, nodes: list[int]) -> list[int]:
-    """Hello to every node; returns the nodes ordered by client id, so that the server's sampling
-    (and thus the whole run) depends on the seed only, not on the node ids a runtime assigns."""
-    hello = _hello(cfg, str(run.state_dir), transport, nodes)
-    strategy.bind_nodes(hello.mapping)
-    # The participants' ledgers as they stand (releases after the last checkpoint of a resumed run
-    # included), so that live ε is current from the first step, not only after the final fetch.
-    allowed = set(cfg.participants())
-    strategy.absorb_ledgers([r for r in hello.replies if hello.mapping[r.node_id] in allowed], final=False)
-    state.ledger_holders = hello.ledger_holders
-    state.comm.add_control(hello.bytes_down, hello.bytes_up)
-    return sorted(nodes, key=hello.mapping.__getitem__)
+    queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
+    notes, cost = fetch_ledgers(cfg, transport, strategy, failed=state.failed, queried=queried,
+                                holders=state.ledger_holders)
+    state.notes.extend(notes)
+    state.comm.add_control(*cost)
+    return _finish(cfg, run, strategy, state, status, transport_name)
 
 
 def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
@@ -282,14 +185,6 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         _snapshot(run, strategy, state)
 
 
-def epsilon_stats(report: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(max, median) per-client ε over queried clients; None when any of them is unbounded."""
-    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
-    if any(e is None for e in eps):
-        return None, None
-    return max(eps), float(np.median(eps))
-
-
 def _snapshot(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
     """Keep the released generator and the privacy spent so far, for ε-vs-quality curves."""
     report = strategy.privacy_report()
@@ -333,109 +228,17 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
     })
 
 
-def _fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState) -> None:
-    """Ask the participating clients whose ledger may hold a release for it: privacy.json reports,
-    per client, the larger of that ledger and the server's own record.
-
-    A client's ledger grows only when it answers a release-producing message. Asked is every
-    participating client (not failed) that was sent a step message by this run, or by the run
-    it resumes (the per-client byte counts survive checkpoints), or whose ledger the hello did
-    not find empty: releases the server did not see in this run (the debugging task's selection
-    query, answered in an earlier exchange on the same client state; answers after the last
-    checkpoint of a crashed run; a reused state directory) are in that set, and so is everybody
-    when the ClientApp does not report its ledger at hello. Any other client's ledger is empty,
-    which is what the server's mirror already says: asking it would cost one message per client
-    of the federation (3,400 for FEMNIST) for nothing. Nodes that failed are asked too, with a
-    short timeout (``BEST_EFFORT_TIMEOUT_S``): a late answer was charged on the client.
-    """
-    allowed = set(cfg.participants())
-    queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
-    holders = state.ledger_holders
-    nodes = [n for n, cid in strategy.node_client.items()
-             if cid in allowed and (holders is None or cid in holders or cid in queried)]
-    replies = []
-    for group, timeout_s in (([n for n in nodes if n not in state.failed], None),
-                             ([n for n in nodes if n in state.failed], BEST_EFFORT_TIMEOUT_S)):
-        queries = strategy.ledger_queries(group)
-        if not queries:
-            continue
-        exchange = _exchange_in_chunks(transport, queries, timeout_s=timeout_s)
-        replies += exchange.replies
-        state.comm.add_control(*exchange.totals())
-    state.notes.extend(strategy.absorb_ledgers(replies))
-
-
 def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str,
             transport_name: str) -> dict[str, Any]:
+    """privacy.json, the last sample grid, summary.json (returned)."""
     report = strategy.privacy_report(final=True)
-    for c in report["clients"]:
-        c["bytes_down"] = state.comm.down.get(c["client_id"], 0)
-        c["bytes_up"] = state.comm.up.get(c["client_id"], 0)
-        c["status"] = "failed" if c["client_id"] in state.failures else "ok"
-        c["failure"] = state.failures.get(c["client_id"], "")
-    statement = report["statement"]
-    amplified = report["epsilon_amplified"]
-    run.write_json("privacy.json", {
-        "delta": cfg.delta, "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"],
-        "accounting": report["accounting"], "statement": statement, "not_private": report["not_private"],
-        "do_not_publish": DO_NOT_PUBLISH, "epsilon_amplified": amplified,
-        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_reason", "epsilon_rdp",
-                                           "epsilon_prv", "ledger")} for c in report["clients"]],
-    })
+    run.write_json("privacy.json", privacy_document(cfg, report))
     if state.step > 0:
         run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg),
                          z_dim=cfg.z_dim)
-    summary = {
-        "strategy": cfg.strategy,
-        "status": status,
-        "transport": transport_name,
-        "dataset": cfg.dataset,
-        "partition": cfg.partition,
-        "model": cfg.model,
-        "steps_completed": state.step,
-        "steps_planned": cfg.steps,
-        "num_clients": cfg.num_clients,
-        "clients_per_step": cfg.clients_per_step,
-        "participants": cfg.participants(),
-        "batch_size": cfg.batch_size,
-        "noise_multiplier": cfg.noise_multiplier,
-        "clip": cfg.clip,
-        "delta": cfg.delta,
-        "wire_dtype": cfg.wire_dtype,
-        "wire_samples": cfg.wire_samples,
-        "wire_compression": cfg.wire_compression,
-        "critic_fakes": cfg.critic_fakes,
-        "client_stats": cfg.client_stats,
-        "accountant": cfg.accountant,
-        "epsilon_kind": report["epsilon_kind"],
-        "accounting": report["accounting"],
-        "mechanism": report["mechanism"],
-        "not_private": report["not_private"],
-        "clients": [{k: v for k, v in c.items() if k != "ledger"} for c in report["clients"]],
-        "epsilon_max": report["epsilon_max"],
-        "epsilon_amplified": {k: v for k, v in amplified.items() if k != "ledger"},
-        "comm": state.comm.summary(),
-        "wall_s": round(state.wall_s, 3),
-        "step_latency_s": step_latency(state.step_times),
-        "failed_clients": sorted(state.failures),
-        "run_dir": str(run.path),
-        "notes": state.notes,
-        "privacy_statement": statement,
-    }
-    summary.update(report.get("summary_extra", {}))  # strategy-specific figures (e.g. DPGAN's q, steps)
+    facts = RunFacts(status=status, transport=transport_name, steps_completed=state.step, comm=state.comm.summary(),
+                     wall_s=state.wall_s, step_times=state.step_times, failures=state.failures, notes=state.notes,
+                     run_dir=str(run.path), bytes_down=dict(state.comm.down), bytes_up=dict(state.comm.up))
+    summary = summary_document(cfg, report, facts)
     run.write_json("summary.json", summary)
     return summary
-
-
-def step_latency(times: list[float]) -> dict[str, Any]:
-    """Median and 90th percentile wall time of a generator step (the whole round: send, client
-    work, replies, server update), over the steps this run directory has taken."""
-    if not times:
-        return {"median": None, "p90": None, "mean": None, "steps": 0}
-    t = np.asarray(times)
-    return {"median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
-            "steps": int(t.size)}
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    print(format_summary_table(summary), flush=True)

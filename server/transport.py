@@ -15,7 +15,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-from client.flower_wire import message_wire_bytes, runtime_message
+from protos.wire import message_wire_bytes, runtime_message
 
 from .strategies.base import Incoming, Outgoing
 

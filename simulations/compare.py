@@ -12,21 +12,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.calibration import prepare
 from common.config import ExperimentConfig
 from common.evaluation.plots import plot_bytes_per_step
+from common.methods import METHODS, core
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
-
-from common.calibration import prepare
 
 from .simulate import _run_flower, _run_inprocess
 
-STRATEGY_ORDER = ("gswgan", "dpgan", "fedavg-gan")
+STRATEGY_ORDER = tuple(METHODS)
 
 
 def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
-    """Generator updates that ran: Fed-Avg GAN takes server_g_steps per round, the others one per step."""
-    rounds = summary["steps_completed"]
-    return rounds * cfg.server_g_steps if summary["strategy"] == "fedavg-gan" else rounds
+    """Generator updates that ran (Fed-Avg GAN takes several per round: its core says how many)."""
+    return core(summary["strategy"]).generator_updates(cfg, summary["steps_completed"])
 
 
 def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict[str, Any]:

@@ -16,17 +16,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
 
-from client.flower_wire import decode_records, encode_records
 from common.config import ExperimentConfig
 from common.data import data_root, invert_clients, num_classes_for
+from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
+from common.methods import core
 from common.evaluation.classifier import load_or_train_domain_classifier
 from common.evaluation.plots import side_by_side
 from common.models import build_generator, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
-from server.loop import handshake, run_experiment
+from protos import wire
+from server.loop import run_experiment
+from server.session import hello
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
 from server.strategies.base import Outgoing, PriorReleases
 
@@ -39,22 +41,15 @@ def select_suspects(cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn
                     *, noise_multiplier: float) -> dict[int, dict[str, Any]]:
     """Ask every client for its noisy on-device accuracy of ``classifier``."""
     nodes = transport.node_ids(cfg.num_clients)
-    mapping, _, _ = handshake(cfg, str(state_dir), transport, nodes)
-    weights = ArrayRecord(classifier.state_dict())
-    queries = []
-    for node in nodes:
-        content = encode_records({}, {"noise_multiplier": noise_multiplier})
-        content["classifier"] = weights
-        queries.append(Outgoing(node, "query.accuracy", content))
+    mapping = hello(cfg, str(state_dir), transport, nodes).mapping
+    content = wire.encode(AccuracyQuery(noise_multiplier=noise_multiplier, classifier=classifier.state_dict()))
     result = {}
-    for reply in transport.exchange(queries).replies:
+    for reply in transport.exchange([Outgoing(node, ACCURACY, content) for node in nodes]).replies:
         if reply.content is None:
             raise RuntimeError(f"node {reply.node_id} failed the selection query: {reply.error}")
-        scalars = decode_records(reply.content)[1]
-        result[mapping[reply.node_id]] = {
-            "accuracy_noisy": None if scalars["refused"] else float(scalars["accuracy"]),
-            "reason": str(scalars["reason"]),
-        }
+        answer = wire.decode(AccuracyReply, reply.content)
+        result[mapping[reply.node_id]] = {"accuracy_noisy": None if answer.refused else answer.accuracy,
+                                          "reason": answer.reason}
     return dict(sorted(result.items()))
 
 
@@ -88,8 +83,9 @@ def bright_fraction(run: RunDirectory, cfg: ExperimentConfig, num_samples: int) 
 def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str,
                num_samples: int = 1000) -> dict[str, Any]:
     """Run the whole task; returns (and writes) ``debug_task.json``."""
-    if cfg.strategy != "gswgan":
-        raise ValueError(f"the debugging task trains GS-WGAN generators on client subsets, not {cfg.strategy}")
+    if not core(cfg.strategy).ACCEPTS_PRIOR_RELEASES:
+        raise ValueError(f"the debugging task needs a method that accounts for the selection release made "
+                         f"before its runs (gswgan), not {cfg.strategy}")
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
     out.mkdir(parents=True, exist_ok=False)
     state_dir = out / "clients"

@@ -366,7 +366,7 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     summary["deployment"] = deployment_report(summary, info, wire, dep, time.monotonic() - started)
     atomic_write_json(summary_path, summary)
     atomic_write_json(dep.workdir / "deployment.json", summary["deployment"])
-    from server.loop import print_summary
+    from server.summary import print_summary
 
     print_summary(summary)
     print(format_deployment(summary["deployment"]), flush=True)

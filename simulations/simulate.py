@@ -19,7 +19,7 @@ EXIT_COMPLETED, EXIT_STOPPED, EXIT_INTERRUPTED, EXIT_FAILED, EXIT_BAD_INPUT = 0,
 
 def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transport: str = "flower") -> int:
     """Run ``cfg`` and print the summary table; the exit code says whether the run completed."""
-    from server.loop import print_summary
+    from server.summary import print_summary
 
     stop = threading.Event()
     previous = _stop_on_signals(stop)
@@ -30,7 +30,7 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if error is not None:
-        from server.loop import NodeRefused
+        from server.session import NodeRefused
 
         if isinstance(error, NodeRefused):  # nothing was released: the configuration is the problem
             print(f"fedgan: error: {error}", file=sys.stderr)

@@ -13,12 +13,11 @@ import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
-from common.config import ExperimentConfig
 from common.data.dataset import Dataset
 from common.data.errors import PartitionError
 from common.data.formats import read_tff_h5_writer, tff_writer_sizes
@@ -32,6 +31,9 @@ from common.data.partition import (
     partition_shards,
 )
 from common.data.synthetic import synthetic_writer, synthetic_writer_labels
+
+if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
+    from common.config import ExperimentConfig
 
 __all__ = [
     "ClientData",

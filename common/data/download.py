@@ -20,14 +20,16 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 
-from common.config import ExperimentConfig
 from common.data.clients import client_labels, num_classes_for, partition_sizes
 from common.data.errors import DataError
 from common.data.loading import DATASET_NAMES, data_root, resolve_data_dir
+
+if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
+    from common.config import ExperimentConfig
 
 __all__ = ["SOURCES", "RemoteFile", "Source", "describe", "download"]
 
@@ -311,6 +313,8 @@ def describe(target: str | ExperimentConfig = "", cfg: ExperimentConfig | None =
 
     ``target`` is a data dir, or a config whose ``data_dir`` is used and whose partition is described.
     """
+    from common.config import ExperimentConfig
+
     if isinstance(target, ExperimentConfig):
         target, cfg = target.data_dir, target
     data_dir = target

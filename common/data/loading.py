@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.config import ConfigError
 from common.data.dataset import Dataset
 from common.data.formats import (
     EMNIST_SPLITS,
@@ -23,6 +22,7 @@ from common.data.formats import (
     read_tff_h5,
 )
 from common.data.synthetic import SYNTHETIC_CLASSES, synthetic_dataset
+from common.options import ConfigError
 
 __all__ = [
     "DATASET_NAMES",

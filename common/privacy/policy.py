@@ -76,8 +76,8 @@ class NodePolicy:
             out.append(f"noise multiplier {noise:g} is below the node's minimum {self.min_noise_multiplier:g}")
         if self.max_epsilon > 0 and cfg.client_epsilon_budget > self.max_epsilon:
             out.append(f"epsilon budget {cfg.client_epsilon_budget:g} exceeds the node's maximum {self.max_epsilon:g}")
-        if self.max_epsilon > 0 and cfg.strategy == "fedavg-gan":
-            out.append("fedavg-gan sends raw discriminator updates to the server (epsilon unbounded against "
+        if self.max_epsilon > 0 and _method(cfg).UNBOUNDED_AGAINST_SERVER:
+            out.append(f"{cfg.strategy} sends raw discriminator updates to the server (epsilon unbounded against "
                        f"it), beyond the node's maximum epsilon {self.max_epsilon:g}")
         if cfg.delta > self.delta:
             out.append(f"delta {cfg.delta:g} is larger than the node's delta {self.delta:g}")
@@ -95,24 +95,26 @@ class NodePolicy:
         return None
 
 
+def _method(cfg: Any) -> Any:
+    from common.methods import core  # the registry imports the methods, which import this package
+
+    return core(cfg.strategy)
+
+
 def release_noise(cfg: Any) -> float | None:
-    """The noise multiplier of the releases a node makes in this run (None: the node adds none;
-    fedavg-gan's noise is the server's)."""
-    return {"gswgan": cfg.noise_multiplier, "dpgan": cfg.dpgan_noise_multiplier}.get(cfg.strategy)
+    """The noise multiplier of the releases a node makes in this run, as its method says (None: the
+    node adds none, e.g. fedavg-gan, whose noise is the server's)."""
+    return _method(cfg).release_noise(cfg)
 
 
 def nonprivate_options(cfg: Any) -> list[str]:
-    """The debugging options of ``cfg`` that void a node's guarantee."""
+    """The debugging options of ``cfg`` that void a node's guarantee (its method's own among them)."""
     out = []
     if cfg.noise_seed >= 0:
         out.append("a fixed noise seed (noise-seed, testing only)")
     if cfg.client_stats:
         out.append("un-noised critic statistics (client-stats)")
-    if cfg.strategy == "gswgan" and cfg.noise_multiplier == 0:
-        out.append("noise multiplier 0 (gradients released without noise)")
-    if cfg.strategy == "dpgan" and cfg.sampling_seed >= 0:
-        out.append("reproducible DP-SGD batches (sampling-seed, testing only)")
-    return out
+    return out + _method(cfg).nonprivate_options(cfg)
 
 
 def _require(ok: bool, policy: NodePolicy, key: str, why: str) -> None:

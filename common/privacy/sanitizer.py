@@ -6,13 +6,14 @@ privacy event it performed, so the ledger is driven by what actually ran, never 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 
 import torch
 
 from .analysis import query_noise_multiplier
-from .events import PrivacyEvent
+from .events import VOID_NOISE_SEED, PrivacyEvent
 
 # Added to the norm before dividing so an all-zero gradient is scaled by 1 instead of 0/0.
 _NORM_EPS = 1e-12
@@ -30,6 +31,16 @@ def noise_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(secrets.randbits(64) if seed is None else seed)
     return generator
+
+
+def release_noise_source(noise_seed: int, client_id: int, stream: int) -> tuple[torch.Generator, str]:
+    """(noise generator, void reason) for one release of a client: cryptographically seeded, reason
+    ""; a fixed ``noise_seed`` >= 0 (tests only) makes it reproducible per (client, stream), and every
+    release made with it NOT private."""
+    if noise_seed < 0:
+        return noise_generator(None), ""
+    digest = hashlib.sha256(f"{noise_seed}/{client_id}/{stream}".encode()).digest()
+    return noise_generator(int.from_bytes(digest[:7], "big")), VOID_NOISE_SEED
 
 
 def sanitize_sample_grads(

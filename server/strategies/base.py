@@ -15,9 +15,9 @@ from typing import Any
 from flwr.app import RecordDict
 from torch import nn
 
-from client.flower_wire import decode_records
 from common.codec import PayloadError
 from common.privacy import PrivacyEvent, PrivacyLedger
+from protos import wire
 
 
 @dataclass
@@ -59,19 +59,25 @@ class PriorReleases:
     description: str = ""
 
 
+@dataclass
+class CarriedLedger:
+    """The ``ledger`` field of any reply that carries one (hello, ledger, a DPGAN round)."""
+
+    ledger: str | None = None
+
+
 def ledger_from_reply(reply: Incoming) -> PrivacyLedger | None:
-    """The client ledger a hello or ledger reply carries (None: none, or unreadable)."""
+    """The client ledger a reply carries (None: none, or unreadable)."""
     if reply.content is None:
         return None
     try:
-        text = decode_records(reply.content)[1].get("ledger")
-        return None if text is None else PrivacyLedger.from_state_dict(json.loads(str(text)))
+        text = wire.decode(CarriedLedger, reply.content).ledger
+        return None if text is None else PrivacyLedger.from_state_dict(json.loads(text))
     except (PayloadError, ValueError, KeyError, TypeError):
         return None
 
 
 class Strategy(ABC):
-    name: str = ""
     node_client: dict[int, int]
 
     def bind_nodes(self, node_client: dict[int, int]) -> None:

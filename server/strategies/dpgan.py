@@ -1,4 +1,4 @@
-"""Centralized DPGAN (Bie, Kamath, Zhang 2023) as strategy hooks.
+"""Centralized DPGAN's Flower strategy: a thin adapter over its core (``common/methods/dpgan.py``).
 
 All partitions are pooled on one curator node (client 0), which trains D with DP-SGD and G by
 post-processing, and returns G's weights every round; the server keeps the EMA (the released model),
@@ -15,24 +15,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from client.flower_wire import decode_records, encode_records
+from common.codec import PayloadError
 from common.config import ExperimentConfig
+from common.messages import LEDGER, LedgerQuery
+from common.methods.dpgan import CURATOR, MSG_ROUND, DpganReply, DpganRound
 from common.models import GeneratorEMA, build_generator
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.sampling import VOID_SAMPLING_SEED
 from common.privacy.statement import KIND_EXAMPLE, RULE_DPGAN, client_entry, dpgan_statement, not_private_reasons
 
+from protos import wire
+
 from .base import Incoming, Outgoing, StepOutcome, Strategy
 from .records import ClientRecords
 
-MSG_ROUND = "train.dpgan"
-MSG_LEDGER = "query.ledger"
-CURATOR = 0
-
 
 class DpganStrategy(Strategy):
-    name = "dpgan"
 
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
         torch.manual_seed(cfg.seed)
@@ -50,7 +49,7 @@ class DpganStrategy(Strategy):
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         for _ in nodes:  # the round's planned steps, charged before the node runs them
             self.records.charge(CURATOR, self._planned())
-        return [Outgoing(n, MSG_ROUND, encode_records({}, {"step": step})) for n in nodes]
+        return [Outgoing(n, MSG_ROUND, wire.encode(DpganRound(step=step))) for n in nodes]
 
     def _planned(self) -> PrivacyEvent:
         """n_D DP-SGD steps at the σ and q the node reported last (the configured ones before)."""
@@ -68,29 +67,38 @@ class DpganStrategy(Strategy):
                 outcome.failed_nodes.append(reply.node_id)
                 outcome.notes.append(f"the DPGAN node failed: {reply.error}")
                 continue
-            scalars = decode_records(reply.content)[1]
-            if scalars["refused"]:
+            try:
+                answer = wire.decode(DpganReply, reply.content)
+            except PayloadError as err:
+                outcome.failed_nodes.append(reply.node_id)
+                outcome.notes.append(f"the DPGAN node sent a malformed reply, ignored: {err}")
+                continue
+            if answer.refused:
                 self.records.settle(CURATOR)  # a refused round released nothing
                 outcome.exhausted_nodes.append(reply.node_id)
-                outcome.notes.append(str(scalars["reason"]))
+                outcome.notes.append(answer.reason)
                 continue
-            self.generator.load_state_dict(reply.content.array_records["generator"].to_torch_state_dict())
-            self.ema.update(self.generator)
-            self.records.absorb(self.node_client, [reply], final=False)
-            self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
-            self.last = {k: scalars[k] for k in ("noise_multiplier", "sample_rate", "n_d", "discriminator_steps")}
-            self.rounds_done += 1
-            outcome.took_step = True
-            stats = reply.content.config_records["stats"] if "stats" in reply.content else {}
-            outcome.metrics = {f"train/{k}": float(v) for k, v in stats.items()}
-            outcome.metrics["train/n_d"] = float(scalars["n_d"])
+            self._take(answer, reply, outcome)
         return outcome
+
+    def _take(self, answer: DpganReply, reply: Incoming, outcome: StepOutcome) -> None:
+        """The curator's round: its G (the EMA follows), its ledger, its statistics on fakes."""
+        self.generator.load_state_dict(answer.generator)
+        self.ema.update(self.generator)
+        self.records.absorb(self.node_client, [reply], final=False)
+        self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
+        self.last = {"noise_multiplier": answer.noise_multiplier, "sample_rate": answer.sample_rate,
+                     "n_d": answer.n_d, "discriminator_steps": answer.discriminator_steps}
+        self.rounds_done += 1
+        outcome.took_step = True
+        outcome.metrics = {f"train/{k}": v for k, v in answer.stats.items()}
+        outcome.metrics["train/n_d"] = float(answer.n_d)
 
     def released_generator(self) -> nn.Module:
         return self.ema.module
 
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
-        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes if self.node_client.get(n) == CURATOR]
+        return [Outgoing(n, LEDGER, wire.encode(LedgerQuery())) for n in nodes if self.node_client.get(n) == CURATOR]
 
     def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
         return self.records.absorb(self.node_client, replies, final=final)

@@ -1,9 +1,9 @@
-"""Fed-Avg GAN (Augenstein et al. 2020) as strategy hooks: user-level DP-FedAvg on the discriminator.
+"""Fed-Avg GAN's Flower strategy: a thin adapter over its core (``common/methods/fedavg_gan.py``).
 
 Per round: sample every available client independently with probability q = m/K (secret, Poisson),
 send G and D to those sampled; each returns its D delta after a few local WGAN-GP SGD steps; the
-server clips each delta to S, sums, adds N(0, (zS)^2), divides by the fixed m = qK, applies it,
-then takes a few generator steps against the new D (``common/fedavg_gan.py``).
+server clips each delta to S, sums, adds N(0, (zS)^2), divides by the fixed m = qK, applies it
+(``common/dp_fedavg.py``), then takes a few generator steps against the new D.
 
 Privacy records (ledgers): the server's ledger holds one Poisson-subsampled Gaussian event (z, q)
 per round that released a noised D: the user-level figure with a trusted server. The server sees
@@ -16,15 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord
 from torch import nn
 
-from client.flower_wire import encode_records
+from common.codec import PayloadError
 from common.config import ExperimentConfig
-from common.fedavg_gan import aggregate_deltas, apply_delta, flatten_delta, server_generator_steps
+from common.dp_fedavg import aggregate_deltas, apply_delta, flatten_delta
+from common.messages import LEDGER, LedgerQuery
+from common.methods.fedavg_gan import MSG_ROUND, RAW_DELTA, FedAvgReply, FedAvgRound, server_generator_steps
 from common.models import GeneratorEMA, build_discriminator, build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
-from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
+from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import (
     KIND_PER_CLIENT,
     KIND_USER,
@@ -37,16 +38,13 @@ from common.privacy.statement import (
     server_entry,
 )
 
+from protos import wire
+
 from .base import Incoming, Outgoing, StepOutcome, Strategy
 from .records import ClientRecords
 
-MSG_ROUND = "train.fedavg"
-MSG_LEDGER = "query.ledger"
-RAW_DELTA = PrivacyEvent(noise_multiplier=0.0, void=VOID_RAW_DELTA)
-
 
 class FedAvgGanStrategy(Strategy):
-    name = "fedavg-gan"
 
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
         torch.manual_seed(cfg.seed)
@@ -77,12 +75,11 @@ class FedAvgGanStrategy(Strategy):
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         out = []
-        g_state = ArrayRecord(self.generator.state_dict())
-        d_state = ArrayRecord(self.discriminator.state_dict())
+        g_state, d_state = self.generator.state_dict(), self.discriminator.state_dict()
         for node in nodes:
-            content = encode_records({}, {"step": step, "seed": int(torch.randint(2**31, (1,), generator=self.rng))})
-            content["generator"], content["discriminator"] = g_state, d_state
-            out.append(Outgoing(node, MSG_ROUND, content))
+            seed = int(torch.randint(2**31, (1,), generator=self.rng))
+            round_ = FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state)
+            out.append(Outgoing(node, MSG_ROUND, wire.encode(round_)))
             self.records.charge(self.node_client.get(node, -1), RAW_DELTA)
         return out
 
@@ -92,11 +89,11 @@ class FedAvgGanStrategy(Strategy):
         outcome = StepOutcome(took_step=False)
         deltas = []
         for reply in replies:
-            if reply.content is None:
+            try:
+                deltas.append(wire.decode(FedAvgReply, reply.content).delta)
+            except PayloadError as err:
                 outcome.failed_nodes.append(reply.node_id)
-                outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
-                continue
-            deltas.append(reply.content.array_records["delta"].to_torch_state_dict())
+                outcome.notes.append(f"node {reply.node_id} failed: {reply.error or err}")
         state = self.discriminator.state_dict()
         template = flatten_delta(state, state)
         try:
@@ -122,7 +119,7 @@ class FedAvgGanStrategy(Strategy):
         return self.ema.module
 
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
-        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
+        return [Outgoing(n, LEDGER, wire.encode(LedgerQuery())) for n in nodes]
 
     def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
         return self.records.absorb(self.node_client, replies, final=final)

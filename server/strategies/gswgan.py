@@ -1,11 +1,10 @@
-"""GS-WGAN (Chen et al. 2020), federated: DESIGN.md §2 as strategy hooks.
+"""GS-WGAN's Flower strategy: a thin adapter over its core (``common/methods/gswgan.py``).
 
 Per generator step: draw m of the K_t clients still available, uniformly without replacement and in
 secret (``Sampler``), send each (n_critic+1)*B generated samples with server-drawn labels (only the
 B queried ones when clients reuse fakes for their critic steps, ``critic_fakes``), receive B
-sanitized per-sample gradients from each, divide by B*m, backpropagate through G, step Adam, update
-the EMA. Samples travel as uint8 by default; the gradient the client returns is applied at G's
-unquantized output (straight-through, see ``ServerGenerator.apply``).
+sanitized per-sample gradients from each, divide by B*m, and let the core's ``ServerGenerator``
+backpropagate them (straight-through at G's unquantized output), step Adam and update the EMA.
 
 Privacy records, all ledgers (``common/privacy``):
 - ``server_ledger``: one without-replacement event per step at the rate that actually ran,
@@ -23,11 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.flower_wire import decode_answer, encode_query, encode_records
-from common.codec import GsAnswer, GsQuery, PayloadError, encode_labels, encode_samples, validate_answer
+from common.codec import GsAnswer, GsQuery, PayloadError, encode_labels, encode_samples
 from common.config import ExperimentConfig
-from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, query_noise_multiplier
-from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
+from common.messages import LEDGER, LedgerQuery
+from common.methods.gswgan import MSG_QUERY, ServerGenerator, planned_event
+from common.privacy import PrivacyEvent, PrivacyLedger, Sampler
 from common.privacy.statement import (
     KIND_AMPLIFIED,
     KIND_PER_CLIENT,
@@ -39,24 +38,12 @@ from common.privacy.statement import (
     not_private_reasons,
     server_entry,
 )
-from server.generator import ServerGenerator
+from protos import wire
 
 from .base import Incoming, Outgoing, PriorReleases, StepOutcome, Strategy
 from .records import ClientRecords
 
-MSG_QUERY = "train.gswgan"
-MSG_LEDGER = "query.ledger"
-
-
-def client_void(cfg: ExperimentConfig) -> str:
-    """Why a client's answers in this run are not private (""): what the node's policy allowed."""
-    if cfg.noise_seed >= 0:
-        return VOID_NOISE_SEED
-    return VOID_CLIENT_STATS if cfg.client_stats else ""
-
-
 class GsWganStrategy(Strategy):
-    name = "gswgan"
 
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str,
                  prior: PriorReleases | None = None) -> None:
@@ -71,8 +58,7 @@ class GsWganStrategy(Strategy):
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
         self._sent: dict[int, PrivacyEvent] = {}
-        nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-        self.planned = PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
+        self.planned = planned_event(cfg, cfg.batch_size)
 
     # --- hooks ---------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
@@ -92,7 +78,7 @@ class GsWganStrategy(Strategy):
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached[node] = attached
             self._sent[node] = self.planned
-            out.append(Outgoing(node, MSG_QUERY, encode_query(self._query(step, fakes, labels))))
+            out.append(Outgoing(node, MSG_QUERY, wire.encode(self._query(step, fakes, labels))))
         return out
 
     def _critic_batches(self) -> int:
@@ -146,8 +132,7 @@ class GsWganStrategy(Strategy):
             outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
             return None
         try:
-            answer = decode_answer(reply.content)
-            grad = validate_answer(answer, batch_size=self.cfg.batch_size, step=step)
+            answer = wire.decode(GsAnswer, reply.content, batch_size=self.cfg.batch_size, step=step)
         except PayloadError as err:
             self._charge(reply.node_id, planned)
             outcome.failed_nodes.append(reply.node_id)
@@ -160,11 +145,11 @@ class GsWganStrategy(Strategy):
         # The smaller noise multiplier of what was asked and what the client says it ran.
         nm = min(planned.noise_multiplier, answer.noise_multiplier)
         self._charge(reply.node_id, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=planned.void))
-        return answer, grad
+        return answer, answer.grad
 
     # --- the clients' own ledgers --------------------------------------------------------------
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
-        return [Outgoing(n, MSG_LEDGER, encode_records({}, {})) for n in nodes]
+        return [Outgoing(n, LEDGER, wire.encode(LedgerQuery())) for n in nodes]
 
     def absorb_ledgers(self, replies: list[Incoming], *, final: bool = True) -> list[str]:
         return self.records.absorb(self.node_client, replies, final=final)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
+
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.helpers import ROOT
 
 FLAGS = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
          "--synthetic-samples-per-writer", "24", "--no-progress", "--no-eval", "--log-every", "1"]
@@ -20,7 +21,7 @@ def test_signal_then_resume(tmp_path, transport, signum):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "simulations.cli", "simulate", *FLAGS, "--steps", "100000",
            "--transport", transport, "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -36,7 +37,7 @@ def test_signal_then_resume(tmp_path, transport, signum):
     stopped_at = summary["steps_completed"]
     resume = [sys.executable, "-m", "simulations.cli", "simulate", "--resume", str(out),
               "--steps", str(stopped_at + 2), "--transport", "inprocess", "--no-progress"]
-    done = subprocess.run(resume, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Array
+from flwr.app import Array, ArrayRecord
 
 from client.app import app as client_app
 from common.config import ExperimentConfig
 from server.loop import NodeRefused, run_experiment
 from server.reporting import RunDirectory, RunDirectoryError
 from server.transport import InProcessTransport
-from tests.policies import ALLOW_NONPRIVATE
+from tests.helpers import ALLOW_NONPRIVATE
 
 
 def cfg_for(tmp_path, name="run", **changes) -> ExperimentConfig:
@@ -256,7 +256,7 @@ def test_live_epsilon_after_resume_includes_answers_after_the_last_checkpoint(tm
 def test_the_accountant_option_chooses_the_headline(tmp_path):
     """--accountant prv makes PRV the headline everywhere; where PRV has no bound (sampling without
     replacement) the figure is RDP and says so."""
-    from server.reporting import format_summary_table
+    from server.summary import format_summary_table
 
     _, summary = run_inprocess(cfg_for(tmp_path, accountant="prv", noise_multiplier=3.0, sampling_seed=-1))
     queried = [c for c in summary["clients"] if c["queries"]]

@@ -1,0 +1,35 @@
+"""Centralized DPGAN's client handler: the curator runs a round, or refuses it under its budget."""
+
+from __future__ import annotations
+
+import json
+
+from flwr.app import Context, Message
+
+from common.methods.dpgan import MSG_ROUND, DpganReply, DpganRound, load_node, run_round, save_node
+from protos import wire
+
+from ..node import Node, use_client_threads
+
+ACTION = MSG_ROUND
+
+
+def handle(message: Message, context: Context) -> Message:
+    """n_D DP steps and one generator step on the curator; G's weights and its ledger go back."""
+    node = Node(context)
+    step = wire.decode(DpganRound, message.content).step
+    use_client_threads()
+    curator = load_node(node.cfg, node.state_dir, rounds=step)
+    reply = DpganReply(client_id=node.client_id, step=step, refused=False, reason="",
+                       noise_multiplier=curator.trainer.noise_multiplier, sample_rate=curator.sample_rate)
+    over = node.policy.over_budget(curator.ledger, curator.step_event(curator.n_d), node.cfg)
+    refusal = node.refusal() or (f"{curator.n_d} more discriminator steps {over}" if over else "")
+    if refusal:
+        reply.refused, reply.reason = True, f"the DPGAN node refuses: {refusal}"
+        return wire.reply(reply, message)
+    stats = run_round(curator, node.cfg)
+    save_node(curator, node.state_dir)
+    reply.new_steps, reply.n_d = stats.pop("new_steps"), curator.n_d
+    reply.discriminator_steps, reply.ledger = curator.trainer.steps_taken, json.dumps(curator.ledger.state_dict())
+    reply.stats, reply.generator = stats, curator.generator.state_dict()
+    return wire.reply(reply, message)

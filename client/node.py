@@ -1,0 +1,118 @@
+"""What a handler knows of the node it runs on: the run (from its hello), its state, its own policy.
+
+Flower recreates the ClientApp for every message, so the run's configuration and the directory of
+the node's state live in ``context.state`` (set by the hello) and the state itself on the node's
+disk (``client/state.py``). The node's privacy policy is its own (``common/privacy/policy.py``):
+node config keys, a policy file, or the defaults, never what the server sends.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from functools import cached_property
+
+import torch
+from flwr.app import ConfigRecord, Context
+
+from common.client_state import ClientState
+from common.config import ExperimentConfig
+from common.methods import core
+from common.privacy import NodePolicy, PolicyError, PrivacyLedger, load_policy
+from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
+
+from .state import load_ledger, load_state, save_state
+
+STATE_KEY = "fedgan"
+
+
+def client_id_of(context: Context) -> int:
+    """The partition this node holds (``partition-id`` in the node config, as Flower sets it)."""
+    return int(context.node_config.get("partition-id", context.node_id))
+
+
+def node_policy(context: Context) -> tuple[NodePolicy, str]:
+    """(this node's privacy policy, "") or (the defaults, why the policy could not be used): a
+    node whose policy is broken refuses everything rather than fall back to looser defaults."""
+    key = tuple(sorted(context.node_config.items()))  # scalars: hashable, types kept
+    env = os.environ.get(POLICY_ENV, "")
+    return _cached_policy(key, env, _mtime(env), _mtime(str(context.node_config.get(POLICY_FILE_KEY, ""))))
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime if path else 0.0
+    except OSError:
+        return -1.0
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_policy(node_config: tuple, env: str, _env_mtime: float, _file_mtime: float) -> tuple[NodePolicy, str]:
+    try:
+        return load_policy(dict(node_config), {POLICY_ENV: env} if env else {}), ""
+    except PolicyError as err:
+        return NodePolicy(), str(err)
+
+
+def policy_refusal(context: Context, cfg: ExperimentConfig) -> str:
+    """Why this node refuses the run (""), per its own policy."""
+    policy, problem = node_policy(context)
+    reasons = [problem] if problem else policy.violations(cfg)
+    return "; ".join(reasons) + f" [{policy.source}]" if reasons else ""
+
+
+def own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str, version: int) -> PrivacyLedger:
+    """Everything this node released in ``state_dir``: the method's own record where it keeps one
+    (DPGAN's curator), else the client's ledger (GS-WGAN answers, the selection query, raw deltas)."""
+    method = core(cfg.strategy)
+    if hasattr(method, "node_ledger"):
+        return method.node_ledger(cfg, client_id, state_dir)
+    return load_ledger(cfg, client_id, state_dir, version)
+
+
+def use_client_threads() -> None:
+    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+
+
+class Node:
+    """The node as one message's handler sees it, once the run's hello has been accepted."""
+
+    def __init__(self, context: Context) -> None:
+        if STATE_KEY not in context.state:
+            raise RuntimeError("this node received a query before the run's hello message; the server "
+                               "sends the run configuration in a query.hello to every node first")
+        self.context = context
+        self.record: ConfigRecord = context.state.config_records[STATE_KEY]
+
+    @cached_property
+    def cfg(self) -> ExperimentConfig:
+        return ExperimentConfig.from_mapping(json.loads(str(self.record["config"])))
+
+    @property
+    def client_id(self) -> int:
+        return client_id_of(self.context)
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.record["state_dir"])
+
+    @property
+    def policy(self) -> NodePolicy:
+        return node_policy(self.context)[0]
+
+    def refusal(self) -> str:
+        """Why the node's policy refuses this run's releases ("" when it allows them)."""
+        return policy_refusal(self.context, self.cfg)
+
+    def load_state(self) -> ClientState:
+        """This node's client state at the version ``context.state`` says it is at."""
+        return load_state(self.cfg, self.client_id, self.state_dir, int(self.record["version"]))
+
+    def persist(self, state: ClientState) -> None:
+        """Write the state to the node's disk and remember its version in ``context.state``."""
+        save_state(state, self.state_dir)
+        self.record["version"] = state.version
+
+    def ledger(self) -> PrivacyLedger:
+        return own_ledger(self.cfg, self.client_id, self.state_dir, int(self.record["version"]))

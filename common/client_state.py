@@ -1,0 +1,64 @@
+"""A client's private state, as plain data: D_k, its Adam moments, the ledger, the data cursor, the partition.
+
+Framework-free, so that a method's client-side computation (``common/methods/``) works on it
+directly; ``client/state.py`` keeps it on the node's disk between messages and caches recent ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from common.data import (
+    ClientData,
+    client_arrays,
+    client_data_from_arrays,
+    num_classes_for,
+    partition_key,
+)
+from common.models import build_discriminator
+from common.privacy import PrivacyLedger
+
+if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
+    from common.config import ExperimentConfig
+
+
+@dataclass
+class ClientState:
+    client_id: int
+    discriminator: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    ledger: PrivacyLedger
+    data_rng: torch.Generator
+    data: ClientData
+    version: int = 0
+    warmed_up: bool = False
+    data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
+    packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
+
+
+
+def adam_for(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+
+
+def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
+    return torch.Generator().manual_seed(cfg.seed * 7_919 + client_id)
+
+
+def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
+    """A fresh client: D initialised from a per-client seed, empty ledger, data cursor seeded."""
+    torch.manual_seed(cfg.seed * 1_000_003 + client_id)
+    disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg))
+    images, labels, inverted = client_arrays(cfg, client_id)
+    return ClientState(
+        client_id=client_id,
+        discriminator=disc,
+        optimizer=adam_for(cfg, disc),
+        ledger=PrivacyLedger(),
+        data_rng=_data_rng(cfg, client_id),
+        data=client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted),
+        data_key=partition_key(cfg),
+    )

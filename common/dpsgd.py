@@ -1,0 +1,364 @@
+"""DP-SGD for a GAN's discriminator: a DP step (Bie, Kamath, Zhang 2023, Algorithm 1), per-row
+WGAN-GP gradients, adaptive discriminator step frequency, and noise calibration. The DPGAN method
+(``common/methods/dpgan.py``) runs it on its curator; any method that trains a discriminator
+with DP-SGD can.
+
+One discriminator step (``DpDiscriminatorTrainer.step``):
+
+1. a real batch drawn by Poisson sampling with rate q = B/N (``Sampler.poisson``: secret), so the
+   subsampled-Gaussian accountants apply and the batch size itself is random (possibly 0);
+2. B generated samples, which depend on the data only through earlier *released* D's;
+3. ONE forward pass over ``cat([real, fake])``: every real and every fake example is its own row of
+   ``p.grad_sample`` and is clipped to C separately, exactly as Algorithm 1 line 6 writes it;
+4. Opacus' ``DPOptimizer`` sums the clipped rows, adds N(0, (σC)^2), divides by the fixed
+   normaliser 2B (line 7: B real + B fake rows expected) and takes the Adam step.
+
+Why one forward pass: Opacus' hooks, given two forward passes (real, then fake, as in its DCGAN
+example) and one backward, *add* fake row i into real row i and clip the pair jointly
+(``create_or_accumulate_grad_sample``; pinned in tests/unit/test_dpgan.py). Pairing is
+positional, so removing one real example re-pairs all later ones with different fakes; that is
+not Algorithm 1 and its sensitivity argument is less direct. With separate rows, the fake rows'
+clipped sum is a function of G only, so adding or removing one real example changes the noised sum
+by at most C: fakes cost no privacy, and each step is one subsampled Gaussian (σ, q), which is all
+the accountant records. Generator steps and evaluations of D on fakes are post-processing.
+
+Discriminator: Opacus has no per-sample gradients for spectral-norm parametrizations (its
+``GradSampleModule`` rejects them: "trainable layer with buffers"), and the paper's D has none, so
+:func:`build_dpgan_discriminator` is the project's projection D with spectral norm switched off.
+
+``loss="wgan-gp"``: Opacus' grad samplers cannot differentiate a gradient penalty, so per-example
+gradients of the whole critic loss (penalty included, a nested input gradient) are computed with
+``torch.func`` (``vmap(grad(...))`` over ``functional_call``), written to ``p.grad_sample``, and the
+same ``DPOptimizer`` clips, noises and normalises them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Iterator, Literal
+
+import torch
+import torch.nn.functional as F
+from opacus.accountants.utils import get_noise_multiplier
+from opacus.grad_sample.utils import wrap_model
+from opacus.optimizers import DPOptimizer
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from .models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
+from .privacy.analysis import Event, check_delta
+
+DpganLoss = Literal["ns", "wgan-gp"]
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
+
+
+# --- sampling and model ------------------------------------------------------------------------
+
+
+def build_dpgan_discriminator(preset: str, *, num_classes: int = 10) -> ProjectionDiscriminator:
+    """The projection discriminator of ``preset`` WITHOUT spectral norm (Opacus cannot compute
+    per-sample gradients through spectral-norm parametrizations; Bie et al.'s D has none)."""
+    if preset not in PRESET_SPECS:
+        raise ValueError(f"unknown model preset {preset!r}")
+    spec = PRESET_SPECS[preset][1]
+    return ProjectionDiscriminator(
+        DiscriminatorSpec(spec.channels, spectral_norm=False), num_classes=num_classes
+    )
+
+
+# --- per-row losses ----------------------------------------------------------------------------
+
+
+def ns_row_losses(scores: Tensor, is_real: Tensor) -> Tensor:
+    """Non-saturating per-row loss on logits: ``-log σ(s)`` for real rows, ``-log(1-σ(s))`` for
+    fake rows (Algorithm 1 line 6), written with softplus for numerical stability."""
+    return torch.where(is_real, F.softplus(-scores), F.softplus(scores))
+
+
+def _wgan_real_row_loss(
+    score_fn: Callable[[dict, Tensor, Tensor], Tensor],
+    *,
+    gp_weight: float,
+    drift: float,
+) -> Callable[..., Tensor]:
+    """Per-example WGAN-GP loss of one real row: ``-D(x) + drift·D(x)^2 + λ(‖∇D(x̂)‖-1)^2``.
+
+    The penalty belongs to the real row because its interpolate x̂ touches that real example; the
+    fake it is paired with is data-independent, so the row is still one example's contribution.
+    """
+
+    def loss(params: dict, x: Tensor, y: Tensor, x_pair: Tensor, alpha: Tensor) -> Tensor:
+        s = score_fn(params, x, y)
+        x_hat = alpha * x + (1 - alpha) * x_pair
+        g = grad(lambda xx: score_fn(params, xx, y))(x_hat)
+        gp = (torch.sqrt(g.pow(2).sum() + 1e-12) - 1).pow(2)
+        return -s + drift * s.pow(2) + gp_weight * gp
+
+    return loss
+
+
+def interpolation_partners(n_real: int, n_fake: int, generator: torch.Generator | None) -> Tensor:
+    """For each real row, the index of the fake it is interpolated with, drawn independently and
+    uniformly. Pairing by position (row i with fake i) would make one example's removal shift every
+    later row onto another partner, so a row's loss would depend on the other examples; with
+    independent draws each row's (partner, alpha) is its own randomness, independent of the data."""
+    if n_fake < 1 and n_real > 0:
+        raise ValueError("real rows need at least one fake to be interpolated with")
+    return torch.randint(max(n_fake, 1), (n_real,), generator=generator)
+
+
+def wgan_gp_sample_grads(
+    D: nn.Module,
+    real: Tensor,
+    real_y: Tensor,
+    fake: Tensor,
+    fake_y: Tensor,
+    alpha: Tensor,
+    partners: Tensor,
+    *,
+    gp_weight: float = 10.0,
+    drift: float = 0.0,
+) -> dict[str, Tensor]:
+    """Per-row gradients ``[n_real + n_fake, *p.shape]`` of the WGAN-GP critic loss, by name.
+
+    Real row i is interpolated with fake ``partners[i]`` (see :func:`interpolation_partners`) at
+    ``alpha[i]`` ~ U[0,1]; fake row j's loss is ``D(fake_j)``. Opacus' hooks cannot do this (nested
+    input gradient), so each row is differentiated separately with torch.func.
+    """
+    params = {k: v.detach() for k, v in D.named_parameters()}
+    buffers = dict(D.named_buffers())
+
+    def score(p: dict, x: Tensor, y: Tensor) -> Tensor:
+        return functional_call(D, (p, buffers), (x.unsqueeze(0), y.unsqueeze(0))).squeeze(0)
+
+    rows = []
+    if real.shape[0] > 0:
+        real_loss = _wgan_real_row_loss(score, gp_weight=gp_weight, drift=drift)
+        pair = fake.detach()[partners]
+        a = alpha.reshape(-1, *([1] * (real.dim() - 1)))
+        rows.append(vmap(grad(real_loss), in_dims=(None, 0, 0, 0, 0))(params, real, real_y, pair, a))
+    if fake.shape[0] > 0:
+        rows.append(vmap(grad(score), in_dims=(None, 0, 0))(params, fake.detach(), fake_y))
+    return {k: torch.cat([r[k] for r in rows]) for k in params}
+
+
+# --- the DP discriminator step -----------------------------------------------------------------
+
+
+class DpDiscriminatorTrainer:
+    """DP-SGD on D: Poisson real batch + B fakes, per-row clipping, σC noise, Adam (Opacus).
+
+    ``expected_batch_size`` is B, the expected REAL batch (q·N); the optimizer divides the noised
+    sum by 2B, the expected number of rows (Algorithm 1 line 7). A data-independent normaliser is
+    required: dividing by the realised batch size would leak it. Each call of :meth:`step` that adds
+    noise counts as one (σ, q) event; nothing else is ever charged.
+    """
+
+    def __init__(
+        self,
+        D: nn.Module,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.5, 0.999),
+        noise_multiplier: float,
+        max_grad_norm: float,
+        sample_rate: float,
+        expected_batch_size: int,
+        loss: DpganLoss = "ns",
+        gp_weight: float = 10.0,
+        drift: float = 0.0,
+        grad_sample_mode: str = "hooks",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        _check_trainer_args(loss, grad_sample_mode, noise_multiplier, max_grad_norm, sample_rate)
+        self.D = D
+        self.loss = loss
+        self.gp_weight, self.drift = gp_weight, drift
+        self.noise_multiplier, self.sample_rate = float(noise_multiplier), float(sample_rate)
+        self.generator = generator
+        # The penalty needs torch.func per-row gradients; NS uses Opacus' own grad samplers.
+        self.module = D if loss == "wgan-gp" else _wrap(D, grad_sample_mode)
+        self.optimizer = DPOptimizer(
+            torch.optim.Adam(D.parameters(), lr=lr, betas=betas),
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=2 * expected_batch_size,
+            loss_reduction="mean",
+            generator=generator,
+        )
+        self.steps_taken = 0
+        # Counted by the optimizer's own hook, which runs only after noise was added.
+        self.optimizer.attach_step_hook(self._count_step)
+
+    def _count_step(self, _optimizer: DPOptimizer) -> None:
+        self.steps_taken += 1
+
+    def step(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> dict[str, float]:
+        """One DP step on D. Stats are computed on FAKE rows only (D on fakes is post-processing;
+        anything about the real batch, even its size, would be an unaccounted release)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        fake = fake.detach()
+        if self.loss == "ns":
+            fake_scores = self._ns_backward(real, real_y, fake, fake_y)
+        else:
+            fake_scores = self._wgan_gp_grad_samples(real, real_y, fake, fake_y)
+        self.optimizer.step()
+        return {
+            "d_fake": float(fake_scores.mean()) if len(fake_scores) else math.nan,
+            "fake_accuracy": fake_accuracy(fake_scores),
+        }
+
+    def _ns_backward(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> Tensor:
+        """One forward over real+fake so each example is its own grad_sample row (see module doc)."""
+        scores = self.module(torch.cat([real, fake]), torch.cat([real_y, fake_y]))
+        is_real = torch.arange(scores.shape[0]) < real.shape[0]
+        # Summed loss, so grad_sample rows are plain per-row gradients; the optimizer divides
+        # the noised sum by the fixed 2B ("mean" with expected_batch_size there).
+        ns_row_losses(scores, is_real).sum().backward()
+        return scores.detach()[real.shape[0] :]
+
+    def _wgan_gp_grad_samples(
+        self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor
+    ) -> Tensor:
+        alpha = torch.rand(real.shape[0], generator=self.generator)
+        partners = interpolation_partners(real.shape[0], fake.shape[0], self.generator)
+        grads = wgan_gp_sample_grads(
+            self.D, real, real_y, fake, fake_y, alpha, partners, gp_weight=self.gp_weight, drift=self.drift
+        )
+        for name, p in self.D.named_parameters():
+            p.grad_sample = grads[name]
+        with torch.no_grad():
+            return self.D(fake, fake_y)
+
+    @contextmanager
+    def frozen(self) -> Iterator[nn.Module]:
+        """D for the generator step: parameters frozen and Opacus' hooks off.
+
+        The hooks sit on D's own submodules, so a generator step through D would otherwise store
+        activations and per-sample gradients that the next DP step would mix into its batch.
+        """
+        params = [p for p in self.D.parameters() if p.requires_grad]
+        hooks = getattr(self.module, "disable_hooks", None) is not None
+        for p in params:
+            p.requires_grad_(False)
+        if hooks:
+            self.module.disable_hooks()
+        try:
+            yield self.D
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+            if hooks:
+                self.module.enable_hooks()
+
+    def privacy_events(self) -> list[Event]:
+        """``[(noise_multiplier, sample_rate, steps_taken)]``: what actually ran, for the ledger."""
+        if self.steps_taken == 0:
+            return []
+        return [(self.noise_multiplier, self.sample_rate, self.steps_taken)]
+
+
+def _wrap(D: nn.Module, grad_sample_mode: str) -> nn.Module:
+    """Opacus grad-sample wrapper; "sum" so rows are exact per-example gradients."""
+    return wrap_model(D, grad_sample_mode, batch_first=True, loss_reduction="sum")
+
+
+def _check_trainer_args(
+    loss: str, mode: str, noise_multiplier: float, max_grad_norm: float, sample_rate: float
+) -> None:
+    if loss not in ("ns", "wgan-gp"):
+        raise ValueError(f"loss must be 'ns' or 'wgan-gp', got {loss!r}")
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, got {mode!r}")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
+    if not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+
+
+def fake_accuracy(fake_scores: Tensor) -> float:
+    """Fraction of fakes D calls fake (logit < 0): the free proxy adaptive n_D watches."""
+    if fake_scores.numel() == 0:
+        return math.nan
+    return float((fake_scores < 0).float().mean())
+
+
+# --- adaptive discriminator step frequency -----------------------------------------------------
+
+
+def next_n_d(n_d: int) -> int:
+    """The next of 1, 2, 5, 10, 20, 50, 100, ... (Bie et al. §6.2)."""
+    if n_d < 1:
+        raise ValueError(f"n_D must be >= 1, got {n_d}")
+    power = 10 ** int(math.floor(math.log10(n_d) + 1e-9))
+    for mantissa in (1, 2, 5, 10):
+        if mantissa * power > n_d:
+            return mantissa * power
+    raise AssertionError("unreachable")
+
+
+class AdaptiveND:
+    """Adaptive n_D: EMA (β) of D's accuracy on fakes, seen once per generator step; when it is
+    below ``threshold`` d and the grace period 2/(1-β) since the last change has passed, move to the
+    next n_D. Uses fake samples only, so it costs no privacy (accuracy on reals would)."""
+
+    def __init__(self, *, threshold: float, beta: float = 0.99, initial_n_d: int = 1) -> None:
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta must be in [0, 1), got {beta}")
+        self.threshold, self.beta = float(threshold), float(beta)
+        # β-EMA is mostly determined by its last 2/(1-β) observations (the paper's reason).
+        self.grace_steps = round(2 / (1 - beta))
+        self.n_d = int(initial_n_d)
+        self.ema: float | None = None
+        self.steps_since_change = 0
+
+    def update(self, fake_accuracy: float) -> int:
+        """Fold in one generator step's fake accuracy; returns the n_D to use next."""
+        a = float(fake_accuracy)
+        self.ema = a if self.ema is None else self.beta * self.ema + (1 - self.beta) * a
+        self.steps_since_change += 1
+        if self.steps_since_change >= self.grace_steps and self.ema < self.threshold:
+            self.n_d = next_n_d(self.n_d)
+            self.steps_since_change = 0
+        return self.n_d
+
+    def state_dict(self) -> dict:
+        return {"n_d": self.n_d, "ema": self.ema, "steps_since_change": self.steps_since_change}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n_d = int(state["n_d"])
+        self.ema = None if state["ema"] is None else float(state["ema"])
+        self.steps_since_change = int(state["steps_since_change"])
+
+
+# --- accounting --------------------------------------------------------------------------------
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: Literal["rdp", "prv"] = "rdp",
+) -> float:
+    """Smallest σ (to Opacus' bisection tolerance) whose ε after ``steps`` is ≤ the target.
+
+    Opacus' search keeps the upper end of its bracket, so the returned σ never overshoots.
+    """
+    check_delta(delta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+            )
+        )

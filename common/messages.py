@@ -1,0 +1,107 @@
+"""Every message between the server and a client: its type name and its payload.
+
+Payloads are plain dataclasses (framework-free: scalars, numpy arrays, torch state dicts, statistics)
+so that any transport can carry them; ``protos/wire.py`` turns them into Flower records and back,
+with one generic codec. A payload that needs context to be checked (the step the server is on, the
+batch size it asked for, the client's configuration) defines ``decoded(**expect)``, which returns it
+validated and in plain arrays; whoever holds that context calls it (``wire.decode(cls, content,
+**expect)``), so what reaches a model has been validated at the boundary.
+
+Shared messages are defined here; each method's own messages live in its slice
+(``common/methods/<name>.py``, ``MESSAGES``), and :func:`catalogue` lists them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+StateDict = dict[str, torch.Tensor]  # travels as its own ArrayRecord (Flower's torch serialization)
+Stats = dict[str, float]  # travels as its own ConfigRecord, left out when empty
+
+HELLO = "query.hello"
+LEDGER = "query.ledger"
+DATAPLANE = "query.dataplane"
+ACCURACY = "query.accuracy"
+
+
+@dataclass
+class Hello:
+    """Server -> every node when a run starts or resumes: the run's configuration (JSON) and the
+    directory for the node's state (which the node may override with its own)."""
+
+    config: str
+    state_dir: str
+
+
+@dataclass
+class HelloReply:
+    """The node's client id; what its ledger already holds (with the ledger when not empty); or a
+    refusal under its own privacy policy."""
+
+    client_id: int
+    ledger_queries: int | None = None
+    ledger: str | None = None
+    refused: bool | None = None
+    reason: str | None = None
+
+
+@dataclass
+class LedgerQuery:
+    """Server -> client at the end of a run: send your ledger."""
+
+
+@dataclass
+class LedgerReply:
+    client_id: int
+    ledger: str  # PrivacyLedger.state_dict() as JSON
+
+
+@dataclass
+class DataplaneStart:
+    """Server -> node (through Flower): start the persistent data-plane worker for this run."""
+
+    address: str
+    token: str
+    run_id: int
+    ca: str
+    idle_s: float
+
+
+@dataclass
+class DataplaneReply:
+    status: str
+    pid: int | None = None
+
+
+@dataclass
+class AccuracyQuery:
+    """The debugging task's selection query: this classifier's accuracy on your data, released with
+    noise multiplier ``noise_multiplier`` (``common/selection.py``)."""
+
+    noise_multiplier: float
+    classifier: StateDict
+
+
+@dataclass
+class AccuracyReply:
+    client_id: int
+    accuracy: float  # -1 when refused
+    refused: bool
+    reason: str
+
+
+SHARED = {HELLO: (Hello, HelloReply), LEDGER: (LedgerQuery, LedgerReply), DATAPLANE: (DataplaneStart, DataplaneReply),
+          ACCURACY: (AccuracyQuery, AccuracyReply)}
+
+
+def catalogue() -> dict[str, tuple[type, type]]:
+    """Message type -> (request payload, reply payload), the shared ones and every method's."""
+    from common.methods import METHODS, core
+
+    out: dict[str, tuple[Any, Any]] = dict(SHARED)
+    for name in METHODS:
+        out.update(core(name).MESSAGES)
+    return out

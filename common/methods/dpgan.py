@@ -1,0 +1,264 @@
+"""Centralized DPGAN (Bie, Kamath, Zhang 2023), framework-free: the whole method.
+
+All partitions are pooled on one curator node (client 0), which trains D with DP-SGD
+(``common/dpsgd.py``: Opacus, secret Poisson batches q = B/N, per-example clipping of real and fake
+rows) and G by post-processing, and returns G's weights every round; the server keeps the EMA, the
+released model. Each round the curator takes n_D DP steps, then one generator step, updates the
+adaptive n_D, records the steps that added noise in its ledger, and persists its state (D, G, both
+optimizers, the schedule, the ledger, the public RNG) on its own disk.
+
+The Poisson batches come from a secret sampler (the OS CSPRNG, nothing saved): amplification at
+q = B/N holds only if nobody can tell which examples a step used, and the run's seed is published
+in config.json. ``--sampling-seed`` (tests only) makes them reproducible and every event void.
+ε is example-level, with the curator trusted: ``calibrate`` picks σ for ``--target-epsilon`` and
+makes the target the curator's budget, so an adaptive n_D that outgrows the plan stops there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from common.calibration import subsampled_noise
+from common.data import load_client_partition, num_classes_for
+from common.dpsgd import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator
+from common.messages import StateDict, Stats
+from common.models import build_generator, sample_latent
+from common.options import check, check_all, check_choice, option
+from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
+from common.privacy.events import VOID_NOISE_SEED
+
+if TYPE_CHECKING:  # a type only: common.config composes this module's options
+    from common.config import ExperimentConfig
+
+MSG_ROUND = "train.dpgan"
+CURATOR = 0  # the client id of the node that pools every partition
+STEP_LABEL = "generator steps"
+ACCEPTS_PRIOR_RELEASES = False
+UNBOUNDED_AGAINST_SERVER = False
+LOSSES = ("ns", "wgan-gp")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Centralized DPGAN's section of the configuration."""
+
+    dpgan_noise_multiplier: float = option(1.0, "dpgan: DP-SGD noise multiplier sigma (noise std sigma*C)")
+    dpgan_clip: float = option(1.0, "dpgan: per-example clipping bound C of D's gradient")
+    dpgan_batch_size: int = option(128, "dpgan: expected real batch B (Poisson sampling with q = B/N)")
+    dpgan_n_d: int = option(5, "dpgan: discriminator steps per generator step (initial value when adaptive)")
+    dpgan_adaptive: bool = option(False, "dpgan: adapt n_D when D's EMA accuracy on fakes drops below the threshold")
+    dpgan_adaptive_threshold: float = option(0.6, "dpgan: threshold d of the adaptive n_D schedule")
+    dpgan_loss: str = option("ns", f"dpgan: discriminator loss, one of {', '.join(LOSSES)}")
+    dpgan_lr: float = option(2e-4, "dpgan: Adam learning rate of D and G")
+
+
+def validate(c: ExperimentConfig) -> None:
+    check_choice(c, "dpgan_loss", LOSSES)
+    check_all(c, ("dpgan_batch_size", "dpgan_n_d"), lambda v: v >= 1, "must be >= 1")
+    check_all(c, ("dpgan_clip", "dpgan_lr"), lambda v: v > 0, "must be > 0")
+    check(c.dpgan_noise_multiplier > 0, "dpgan_noise_multiplier", c.dpgan_noise_multiplier,
+          "must be > 0 (Opacus needs noise)")
+    check(0 < c.dpgan_adaptive_threshold < 1, "dpgan_adaptive_threshold", c.dpgan_adaptive_threshold,
+          "must be in (0, 1)")
+
+
+@dataclass
+class DpganRound:
+    """Server -> curator: run round ``step``."""
+
+    step: int
+
+
+@dataclass
+class DpganReply:
+    """The curator's round: G's weights, the statistics of D on fakes, and its whole ledger; or a refusal."""
+
+    client_id: int
+    step: int
+    refused: bool
+    reason: str
+    noise_multiplier: float
+    sample_rate: float
+    new_steps: int | None = None
+    n_d: int | None = None
+    discriminator_steps: int | None = None
+    ledger: str | None = None
+    stats: Stats = field(default_factory=dict)
+    generator: StateDict | None = None
+
+
+MESSAGES = {MSG_ROUND: (DpganRound, DpganReply)}
+
+
+def generator_updates(cfg: ExperimentConfig, steps: int) -> int:
+    """Generator updates in ``steps`` steps of the loop (for comparisons across methods)."""
+    return steps
+
+
+# --- privacy ------------------------------------------------------------------------------------
+def release_noise(cfg: ExperimentConfig) -> float:
+    return cfg.dpgan_noise_multiplier
+
+
+def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
+    return ["reproducible DP-SGD batches (sampling-seed, testing only)"] if cfg.sampling_seed >= 0 else []
+
+
+def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
+    """σ for the example-level ε of steps × n_D Poisson-subsampled DP-SGD steps (q = B/N); the
+    target also becomes the curator's budget."""
+    if pooled_size is None:
+        raise ValueError("calibrating dpgan needs the pooled data size N")
+    target = cfg.target_epsilon
+    q = min(1.0, cfg.dpgan_batch_size / pooled_size)
+    sigma = subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d, cfg.delta)
+    return cfg.replace(dpgan_noise_multiplier=sigma, client_epsilon_budget=min(cfg.client_epsilon_budget or target, target))
+
+
+def node_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path) -> PrivacyLedger:
+    """What the curator released in ``state_dir`` (its DP steps); nothing for any other node."""
+    return load_ledger(state_dir) if client_id == CURATOR else PrivacyLedger()
+
+
+# --- the curator ---------------------------------------------------------------------------------
+_NODES: dict[str, "DpganNode"] = {}
+
+
+@dataclass
+class DpganNode:
+    images: torch.Tensor
+    labels: torch.Tensor
+    trainer: DpDiscriminatorTrainer
+    generator: torch.nn.Module
+    g_optimizer: torch.optim.Optimizer
+    schedule: AdaptiveND | None
+    n_d: int
+    ledger: PrivacyLedger
+    rng: torch.Generator  # public randomness (fakes' latents and labels), seeded from the run's seed
+    sampler: Sampler  # the Poisson batches: secret
+    void: str = ""  # why this node's steps are not private (a seeded noise or sampling generator)
+    rounds: int = 0
+
+    @property
+    def sample_rate(self) -> float:
+        return self.trainer.sample_rate
+
+    def step_event(self, count: int) -> PrivacyEvent:
+        """``count`` DP-SGD discriminator steps: a Poisson-subsampled Gaussian (σ, q = B/N)."""
+        return PrivacyEvent(noise_multiplier=self.trainer.noise_multiplier, sample_rate=self.sample_rate,
+                            count=count, sampling="poisson", void=self.void)
+
+
+def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [load_client_partition(cfg, k) for k in range(cfg.num_clients)]
+    return torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts])
+
+
+def new_node(cfg: ExperimentConfig) -> DpganNode:
+    torch.manual_seed(cfg.seed)
+    images, labels = pooled_data(cfg)
+    num_classes = num_classes_for(cfg)
+    noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed)
+    sample_rate = min(1.0, cfg.dpgan_batch_size / len(labels))
+    sigma = cfg.dpgan_noise_multiplier  # already calibrated for --target-epsilon (common/calibration.py)
+    trainer = DpDiscriminatorTrainer(
+        build_dpgan_discriminator(cfg.model, num_classes=num_classes), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999),
+        noise_multiplier=sigma, max_grad_norm=cfg.dpgan_clip,
+        sample_rate=sample_rate, expected_batch_size=cfg.dpgan_batch_size,
+        loss=cfg.dpgan_loss, gp_weight=cfg.gp_weight, generator=noise)
+    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
+    schedule = AdaptiveND(threshold=cfg.dpgan_adaptive_threshold, initial_n_d=cfg.dpgan_n_d) \
+        if cfg.dpgan_adaptive else None
+    sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
+    void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else sampler.void_reason
+    return DpganNode(images=images, labels=labels, trainer=trainer, generator=gen,
+                     g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),
+                     schedule=schedule, n_d=cfg.dpgan_n_d, ledger=PrivacyLedger(),
+                     rng=torch.Generator().manual_seed(cfg.seed * 31 + 7), sampler=sampler, void=void)
+
+
+def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.randint(num_classes_for(cfg), (n,), generator=node.rng)
+    with torch.set_grad_enabled(grad):
+        return node.generator(sample_latent(n, cfg.z_dim, generator=node.rng), y), y
+
+
+def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
+    """n_D DP discriminator steps, one generator step; returns the round's stats and privacy event."""
+    before = node.trainer.steps_taken
+    stats: dict[str, float] = {}
+    for _ in range(node.n_d):
+        idx = node.sampler.poisson(len(node.labels), node.sample_rate)
+        fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=False)
+        stats = node.trainer.step(node.images[idx], node.labels[idx], fake, fake_y)
+    fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=True)
+    with node.trainer.frozen() as D:
+        g_loss = F.softplus(-D(fake, fake_y)).mean()  # non-saturating generator loss
+        node.g_optimizer.zero_grad(set_to_none=True)
+        g_loss.backward()
+        node.g_optimizer.step()
+    new_steps = node.trainer.steps_taken - before
+    if new_steps:
+        node.ledger.record(node.step_event(new_steps))
+    if node.schedule is not None:
+        node.n_d = node.schedule.update(stats.get("fake_accuracy", 0.0))
+    node.rounds += 1
+    return {"new_steps": new_steps, "g_loss": float(g_loss.detach()), **stats}
+
+
+def node_path(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "dpgan-node.pt"
+
+
+def save_node(node: DpganNode, state_dir: str | Path) -> None:
+    path = node_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "D": node.trainer.D.state_dict(), "d_opt": node.trainer.optimizer.original_optimizer.state_dict(),
+        "G": node.generator.state_dict(), "g_opt": node.g_optimizer.state_dict(),
+        "schedule": node.schedule.state_dict() if node.schedule else None, "n_d": node.n_d,
+        "ledger": node.ledger.state_dict(), "rng": node.rng.get_state(), "rounds": node.rounds,
+        "steps_taken": node.trainer.steps_taken, "sampler": node.sampler.state_dict(),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
+    _NODES[str(state_dir)] = node
+
+
+def load_ledger(state_dir: str | Path) -> PrivacyLedger:
+    """The node's ledger as its file stands (empty before its first round)."""
+    path = node_path(state_dir)
+    if not path.exists():
+        return PrivacyLedger()
+    return PrivacyLedger.from_state_dict(torch.load(path, map_location="cpu", weights_only=False)["ledger"])
+
+
+def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> DpganNode:
+    """The node at ``rounds`` rounds: from memory when current, else from disk, else new."""
+    cached = _NODES.get(str(state_dir))
+    if cached is not None and cached.rounds == rounds:
+        return cached
+    node = new_node(cfg)
+    path = node_path(state_dir)
+    if path.exists():
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+        node.trainer.D.load_state_dict(blob["D"])
+        node.trainer.optimizer.original_optimizer.load_state_dict(blob["d_opt"])
+        node.generator.load_state_dict(blob["G"])
+        node.g_optimizer.load_state_dict(blob["g_opt"])
+        if node.schedule is not None and blob["schedule"] is not None:
+            node.schedule.load_state_dict(blob["schedule"])
+        node.n_d, node.rounds = int(blob["n_d"]), int(blob["rounds"])
+        node.ledger = PrivacyLedger.from_state_dict(blob["ledger"])
+        node.rng.set_state(blob["rng"])
+        node.sampler.load_state_dict(blob.get("sampler", {}))
+        node.trainer.steps_taken = int(blob["steps_taken"])
+    _NODES[str(state_dir)] = node
+    return node

@@ -1,0 +1,45 @@
+"""The debugging task's on-device release (Augenstein et al. 2020): a classifier's noisy accuracy.
+
+The server ships a classifier; each client measures its accuracy on its own data and releases it
+through a Gaussian mechanism. Replacing one example changes the accuracy by at most 1/n, so noise
+std ``noise_multiplier / n`` is a Gaussian mechanism with that noise multiplier; it is recorded in
+the client's ledger like every other release, so the ε a client reports covers the selection too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.client_state import ClientState
+from common.config import ExperimentConfig
+from common.evaluation.classifier import DomainClassifier, accuracy
+from common.privacy import NodePolicy, PrivacyEvent
+from common.privacy.sanitizer import release_noise_source
+
+SELECTION_STEP = -1  # noise stream id of the selection query (the GS-WGAN steps are >= 0)
+
+
+def noisy_accuracy(state: ClientState, cfg: ExperimentConfig, classifier_state: dict[str, torch.Tensor],
+                   *, num_classes: int, noise_multiplier: float,
+                   policy: NodePolicy | None = None) -> tuple[float | None, str]:
+    """The classifier's accuracy on this client's data plus N(0, (σ_sel/n)²), or a refusal reason.
+
+    The server chooses σ_sel per query, so the node checks it against its own policy here."""
+    policy = policy or NodePolicy()
+    problem = policy.check_release(noise_multiplier, "selection query")
+    if problem:
+        return None, f"client {state.client_id} refuses: {problem}"
+    noise, void = release_noise_source(cfg.noise_seed, state.client_id, SELECTION_STEP)
+    event = PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=1.0, void=void)
+    over = policy.over_budget(state.ledger, event, cfg)
+    if over:
+        return None, f"client {state.client_id} refuses: the selection query {over}"
+    model = DomainClassifier(num_classes)
+    model.load_state_dict(classifier_state)
+    model.eval()
+    n = len(state.data.labels)
+    acc = accuracy(model, state.data.images, state.data.labels)
+    draw = torch.randn((), generator=noise).item()
+    state.ledger.record(event)
+    state.version += 1
+    return acc + draw * noise_multiplier / n, ""

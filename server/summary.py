@@ -1,0 +1,149 @@
+"""summary.json and privacy.json, built from the strategy's privacy report and what the loop counted,
+and the table printed at the end of a run.
+
+Both documents are the JSON mappings of ``RunSummary`` and ``PrivacyReport`` in
+``protos/fedgan.proto`` (field names as written there; a test parses every run's files strictly).
+Every ε in them comes from the strategy's report, which builds it from ledgers
+(``common/privacy/statement.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from common.config import ExperimentConfig
+from common.methods import core
+from common.privacy.statement import DO_NOT_PUBLISH
+
+
+@dataclass
+class RunFacts:
+    """What the loop knows at the end of a run, for summary.json."""
+
+    status: str
+    transport: str
+    steps_completed: int
+    comm: dict[str, Any]
+    wall_s: float
+    step_times: list[float]
+    failures: dict[int, str]
+    notes: list[str]
+    run_dir: str
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    bytes_up: dict[int, int] = field(default_factory=dict)
+
+
+def privacy_document(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """privacy.json: every client's ledger and figures, the server's ledger, rules and statement."""
+    return {
+        "delta": cfg.delta, "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"],
+        "accounting": report["accounting"], "statement": report["statement"], "not_private": report["not_private"],
+        "do_not_publish": DO_NOT_PUBLISH, "epsilon_amplified": report["epsilon_amplified"],
+        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_reason", "epsilon_rdp",
+                                           "epsilon_prv", "ledger")} for c in report["clients"]],
+    }
+
+
+def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFacts) -> dict[str, Any]:
+    """summary.json: the run, its clients (bytes, status, ε), ε, bytes per step, latency, notes."""
+    clients = [{**{k: v for k, v in c.items() if k != "ledger"}, **_client_facts(c["client_id"], facts)}
+               for c in report["clients"]]
+    summary = {
+        "strategy": cfg.strategy, "status": facts.status, "transport": facts.transport,
+        "dataset": cfg.dataset, "partition": cfg.partition, "model": cfg.model,
+        "steps_completed": facts.steps_completed, "steps_planned": cfg.steps, "num_clients": cfg.num_clients,
+        "clients_per_step": cfg.clients_per_step, "participants": cfg.participants(),
+        "batch_size": cfg.batch_size, "noise_multiplier": cfg.noise_multiplier, "clip": cfg.clip, "delta": cfg.delta,
+        "wire_dtype": cfg.wire_dtype, "wire_samples": cfg.wire_samples, "wire_compression": cfg.wire_compression,
+        "critic_fakes": cfg.critic_fakes, "client_stats": cfg.client_stats,
+        "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"], "accounting": report["accounting"],
+        "mechanism": report["mechanism"], "not_private": report["not_private"], "clients": clients,
+        "epsilon_max": report["epsilon_max"],
+        "epsilon_amplified": {k: v for k, v in report["epsilon_amplified"].items() if k != "ledger"},
+        "comm": facts.comm, "wall_s": round(facts.wall_s, 3), "step_latency_s": step_latency(facts.step_times),
+        "failed_clients": sorted(facts.failures), "run_dir": facts.run_dir, "notes": facts.notes,
+        "privacy_statement": report["statement"],
+    }
+    summary.update(report.get("summary_extra", {}))  # the method's own figures (e.g. DPGAN's q, steps)
+    return summary
+
+
+def _client_facts(cid: int, facts: RunFacts) -> dict[str, Any]:
+    return {"bytes_down": facts.bytes_down.get(cid, 0), "bytes_up": facts.bytes_up.get(cid, 0),
+            "status": "failed" if cid in facts.failures else "ok", "failure": facts.failures.get(cid, "")}
+
+
+def epsilon_stats(report: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(max, median) per-client ε over queried clients; None when any of them is unbounded."""
+    eps = [c["epsilon"] for c in report["clients"] if c["queries"] > 0] or [0.0]
+    if any(e is None for e in eps):
+        return None, None
+    return max(eps), float(np.median(eps))
+
+
+
+def step_latency(times: list[float]) -> dict[str, Any]:
+    """Median and 90th percentile wall time of a generator step (the whole round: send, client
+    work, replies, server update), over the steps this run directory has taken."""
+    if not times:
+        return {"median": None, "p90": None, "mean": None, "steps": 0}
+    t = np.asarray(times)
+    return {"median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
+            "steps": int(t.size)}
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print(format_summary_table(summary), flush=True)
+
+
+def _latency_text(latency: dict[str, Any]) -> str:
+    if not latency.get("steps"):
+        return "n/a (no step taken)"
+    return f"median {latency['median']:.3g} s · p90 {latency['p90']:.3g} s per step"
+
+
+def format_summary_table(summary: dict[str, Any]) -> str:
+    """The table printed at the end of a run (every ε as summary.json states it, from the ledgers)."""
+    eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0] or [0.0]
+    if any(e is None for e in eps):
+        reason = next((c.get("epsilon_reason") for c in summary["clients"] if c["epsilon"] is None), "")
+        eps_text = reason or "unbounded"
+    else:
+        eps_sorted = sorted(eps)
+        eps_text = (f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · "
+                    f"max {eps_sorted[-1]:.4g}")
+    per_step = summary["comm"]["bytes_per_step"]
+    amp = summary.get("epsilon_amplified", {})
+    kind = summary.get("epsilon_kind", "per client, untrusted server")
+    accountant = summary.get("accountant", "rdp").upper()
+    if amp.get("epsilon") is not None:
+        sampling = {"wor": "without replacement", "poisson": "Poisson"}.get(amp.get("sampling", ""), "")
+        amp_text = (f"{amp['epsilon']:.4g}  [assumes the server samples in secret{', ' + sampling if sampling else ''}; "
+                    f"largest q = {amp.get('sample_rate', float('nan')):.3g}]")
+    else:
+        amp_text = amp.get("epsilon_reason") or ("n/a: " + amp.get("assumption", ""))
+    rows = [
+        ("strategy", summary["strategy"]),
+        ("status", summary["status"]),
+        (core(summary["strategy"]).STEP_LABEL,
+         f"{summary['steps_completed']} / {summary['steps_planned']}"),
+        ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
+        (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
+        ("ε rule", summary["accounting"]),
+        (f"ε {amp.get('kind') or 'amplified'}", amp_text),
+        ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
+        ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("step latency", _latency_text(summary.get("step_latency_s") or {})),
+        ("run directory", summary["run_dir"]),
+    ]
+    failed = [c for c in summary["clients"] if c.get("status") == "failed"]
+    if failed:
+        rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
+    if summary.get("not_private"):
+        rows.insert(0, ("NOT PRIVATE", "; ".join(summary["not_private"])))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

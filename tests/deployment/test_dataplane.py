@@ -1,0 +1,203 @@
+"""The gRPC data plane with real worker processes, Flower's control plane replaced by the in-process
+transport (the deployment tests run it under a real SuperLink): same results as the Flower path,
+tokens, TLS, and every way a worker must end (shutdown, stream closed, idle, stopped run)."""
+
+import time
+
+import pytest
+
+from client.app import app
+from common.config import ExperimentConfig
+from server.dataplane import (
+    DataPlaneError,
+    DataPlaneSettings,
+    GrpcTransport,
+    node_token,
+)
+from server.loop import run_experiment
+from server.reporting import RunDirectory
+from server.transport import InProcessTransport
+from simulations import pki
+from simulations.processes import alive, identity
+
+pytestmark = pytest.mark.slow
+TINY = dict(num_clients=2, model="tiny", batch_size=8, n_critic=1, synthetic_samples_per_writer=24,
+            progress=False, eval=False, sample_every=10**6,
+            # deflate's output size depends on the samples, and float sums on thread counts: compare
+            # byte counts on fixed-size encodings
+            wire_compression="none",
+            # the server's sampling repeated (testing flag), so that two runs ask the same clients
+            sampling_seed=1)
+
+
+def gone(pid: int, within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        proc = identity(pid)
+        if proc is None or not alive(proc):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def control_for(n: int) -> InProcessTransport:
+    return InProcessTransport(app, n, run_id=(1 << 62) + time.monotonic_ns() % 10**9)
+
+
+def run_id_of(control: InProcessTransport) -> int:
+    return next(iter(control.contexts.values())).run_id
+
+
+def test_same_bytes_and_ledgers_as_the_flower_path_and_workers_exit_at_the_end(tmp_path):
+    cfg = ExperimentConfig(steps=4, **TINY)
+    plain = run_experiment(cfg.replace(out=str(tmp_path / "a")), RunDirectory.create(cfg.replace(out=str(tmp_path / "a"))),
+                           InProcessTransport(app, 2), transport_name="inprocess")
+    control = control_for(2)
+    grpc_cfg = cfg.replace(out=str(tmp_path / "b"))
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30))
+    try:
+        viagrpc = run_experiment(grpc_cfg, RunDirectory.create(grpc_cfg), transport, transport_name="grpc")
+    finally:
+        transport.close()
+    assert viagrpc["status"] == "completed"
+    for a, b in zip(plain["clients"], viagrpc["clients"]):
+        for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
+            assert a[key] == b[key], key
+    assert viagrpc["comm"]["bytes_per_step"] == plain["comm"]["bytes_per_step"]
+    assert viagrpc["comm"]["control_bytes_down_total"] > plain["comm"]["control_bytes_down_total"]  # the kick-off
+    assert len(transport.worker_pids) == 2
+    assert all(gone(pid) for pid in transport.worker_pids.values())
+
+
+def started(tmp_path, n=1, **settings) -> tuple[GrpcTransport, InProcessTransport]:
+    control = control_for(n)
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(**settings))
+    transport.node_ids(n)
+    return transport, control
+
+
+def test_a_second_start_says_already_running(tmp_path):
+    transport, control = started(tmp_path, idle_s=30)
+    try:
+        node = next(iter(control.contexts))
+        from client.flower_wire import decode_records, encode_records
+
+        from server.strategies.base import Outgoing
+
+        again = control.exchange([Outgoing(node, "query.dataplane", encode_records({}, {
+            "address": "127.0.0.1:1", "token": "x", "run_id": run_id_of(control), "ca": "", "idle_s": 30.0}))])
+        assert decode_records(again.replies[0].content)[1]["status"] == "already running"
+    finally:
+        transport.close()
+
+
+def test_worker_exits_when_the_stream_closes(tmp_path):
+    transport, _ = started(tmp_path, idle_s=60)
+    transport._closing.set()
+    transport.server.stop(grace=0)  # the ServerApp is gone without a goodbye
+    assert all(gone(pid, 20) for pid in transport.worker_pids.values())
+
+
+def test_worker_exits_when_the_server_goes_quiet(tmp_path):
+    transport, _ = started(tmp_path, idle_s=3)
+    transport._closing.set()  # no more pings: a hung server
+    try:
+        assert all(gone(pid, 20) for pid in transport.worker_pids.values())
+    finally:
+        transport.server.stop(grace=0)
+
+
+def test_a_stopped_run_ends_the_exchange(tmp_path):
+    class StoppedGrid:
+        def get_node_ids(self):
+            raise RuntimeError("run is not running")
+
+    transport, control = started(tmp_path, idle_s=1.5)
+    control.grid = StoppedGrid()
+    try:
+        time.sleep(1.5)
+        with pytest.raises(DataPlaneError, match="stopped"):
+            transport.exchange([])
+    finally:
+        transport.close()
+    assert all(gone(pid, 20) for pid in transport.worker_pids.values())
+
+
+def test_tls_data_plane_and_refusals(tmp_path):
+    tls = pki.make_tls(tmp_path / "ca", hosts=["127.0.0.1", "localhost"])
+    rogue = pki.make_tls(tmp_path / "rogue", hosts=["127.0.0.1", "localhost"])
+    transport, control = started(tmp_path, tls_cert=str(tls.server_cert), tls_key=str(tls.server_key),
+                                 tls_ca=str(tls.ca_cert), idle_s=30)
+    try:
+        node = next(iter(control.contexts))
+        assert node in transport.servicer.sessions  # connected over TLS with the deployment's CA
+        import grpc
+
+        from protos import dataplane_pb2 as pb
+        from protos import dataplane_pb2_grpc as pb_grpc
+
+        port = transport.server_port
+        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node,
+                                              token=node_token(transport.secret, run_id_of(control), node)))
+        for channel in (grpc.insecure_channel(f"127.0.0.1:{port}"),
+                        grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(
+                            rogue.ca_cert.read_bytes()))):
+            with pytest.raises(grpc.RpcError) as err:
+                next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=10))
+            assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    finally:
+        transport.close()
+
+
+def test_a_wrong_token_is_refused(tmp_path):
+    import grpc
+
+    from protos import dataplane_pb2 as pb
+    from protos import dataplane_pb2_grpc as pb_grpc
+
+    transport, control = started(tmp_path, idle_s=30)
+    try:
+        node = next(iter(control.contexts))
+        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token="0" * 64))
+        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+        with pytest.raises(grpc.RpcError) as err:
+            next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        transport.close()
+
+
+def test_plaintext_beyond_loopback_is_refused(tmp_path):
+    control = control_for(1)
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(bind="0.0.0.0", address="10.1.2.3"))
+    with pytest.raises(DataPlaneError, match="without TLS"):
+        transport.node_ids(1)
+
+
+def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
+    import os
+    import signal
+
+    cfg = ExperimentConfig(steps=3, clients_per_step=2, out=str(tmp_path / "run"), **TINY)
+    control = control_for(2)
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30, reply_timeout_s=30))
+    exchange, steps = transport.exchange, []
+
+    def kill_after_first_step(outgoing, **kwargs):
+        result = exchange(outgoing, **kwargs)
+        if outgoing and outgoing[0].message_type == "train.gswgan" and not steps:
+            steps.append(1)
+            os.kill(transport.worker_pids[sorted(control.contexts)[1]], signal.SIGKILL)
+        return result
+
+    transport.exchange = kill_after_first_step
+    try:
+        summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="grpc")
+    finally:
+        transport.close()
+    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    assert summary["failed_clients"] == [1]
+    assert "stream closed" in summary["clients"][1]["failure"]
+    # Client 1 answered step 0; the query of step 1 went to its dead worker and stays charged: the
+    # server cannot know it was never answered (a late answer would have been charged on the client).
+    assert summary["clients"][0]["queries"] == 3 and summary["clients"][1]["queries"] == 2

@@ -1,0 +1,29 @@
+"""What many tests share: the repository root, the tiny run, and the node policy of testing options.
+
+The tiny run is the smallest configuration that exercises every part of a method (a few clients,
+the tiny model, a handful of samples); tests change what they are about and keep the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.config import ExperimentConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A fixed noise seed makes runs reproducible but voids every guarantee, so a node refuses it unless
+# its own policy allows non-private options: tests that need exact reproducibility pin such a policy
+# on their (simulated) nodes, the way a user debugging on public data would.
+ALLOW_NONPRIVATE = {"privacy-allow-nonprivate": True}
+
+TINY = dict(num_clients=3, model="tiny", batch_size=8, n_critic=1, synthetic_samples_per_writer=40,
+            dpgan_batch_size=16, dpgan_n_d=2, fedavg_clients_per_round=2, progress=False, eval=False)
+TINY_FLAGS = ["--transport", "inprocess", "--num-clients", "3", "--model", "tiny", "--batch-size", "8",
+              "--n-critic", "1", "--synthetic-samples-per-writer", "40", "--dpgan-batch-size", "16",
+              "--dpgan-n-d", "2", "--fedavg-clients-per-round", "2", "--no-eval", "--no-progress"]
+
+
+def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:
+    """The tiny run, with ``changes``; written to ``out``."""
+    return ExperimentConfig(**{**TINY, "out": str(out), **changes})

@@ -1,0 +1,21 @@
+"""summary.json and privacy.json of every method are the JSON mappings of protos/fedgan.proto."""
+
+import json
+
+import pytest
+from google.protobuf import json_format
+
+from common.methods import METHODS
+from protos import fedgan_pb2 as pb
+from simulations.cli import main
+from tests.helpers import TINY_FLAGS
+
+
+@pytest.mark.parametrize("strategy", list(METHODS))
+def test_run_reports_parse_strictly_with_the_schema(tmp_path, strategy):
+    out = tmp_path / "run"
+    assert main(["simulate", "--strategy", strategy, *TINY_FLAGS, "--steps", "2", "--out", str(out)]) == 0
+    summary = json_format.ParseDict(json.loads((out / "summary.json").read_text()), pb.RunSummary())
+    privacy = json_format.ParseDict(json.loads((out / "privacy.json").read_text()), pb.PrivacyReport())
+    assert summary.strategy == strategy and summary.steps_completed == 2
+    assert len(privacy.clients) >= 1

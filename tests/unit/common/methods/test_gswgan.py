@@ -1,0 +1,205 @@
+"""GS-WGAN's client side (its core, no Flower): the query answer, refusals, warm start, critic fakes, state."""
+
+import numpy as np
+import pytest
+import torch
+from common.methods.gswgan import (
+    answer_query,
+    planned_event,
+    replay_buffer,
+    select_critic_fakes,
+    warm_start,
+)
+
+from client import state as client_state
+from common.codec import (
+    GsQuery,
+    PayloadError,
+    decode_grads,
+    encode_samples,
+    quantize_samples,
+    samples_per_query,
+)
+from common.config import ExperimentConfig
+
+
+@pytest.fixture
+def cfg():
+    return ExperimentConfig(num_clients=2, model="tiny", batch_size=8, n_critic=2,
+                            synthetic_samples_per_writer=24, noise_seed=5)
+
+
+def _query(cfg, step=0):
+    rng = np.random.default_rng(step)
+    n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
+    return GsQuery(step=step, batch_size=cfg.batch_size,
+                   fake=rng.random((n, 1, 28, 28), dtype=np.float32), labels=rng.integers(0, 10, n))
+
+
+def test_answer_records_exactly_one_event(cfg):
+    state = client_state.new_state(cfg, 1)
+    answer = answer_query(state, cfg, _query(cfg))
+    assert not answer.refused
+    assert decode_grads(answer.grad, answer.grad_encoding, batch_size=8).shape == (8, 1, 28, 28)
+    assert state.ledger.queries == 1 and answer.queries == 1
+    assert answer.noise_multiplier == pytest.approx(cfg.noise_multiplier / np.sqrt(8))
+    assert answer.epsilon == pytest.approx(state.ledger.epsilon(delta=cfg.delta))
+
+
+def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
+    state = client_state.new_state(cfg, 0)
+    q = _query(cfg)
+    q.fake = q.fake[:-1]
+    with pytest.raises(PayloadError):
+        answer_query(state, cfg, q)
+    assert state.ledger.queries == 0
+
+
+def test_budget_refusal_spends_nothing(cfg):
+    tight = cfg.replace(client_epsilon_budget=1.0)
+    state = client_state.new_state(tight, 0)
+    answer = answer_query(state, tight, _query(tight))
+    assert answer.refused and "budget" in answer.reason and answer.grad is None
+    assert state.ledger.queries == 0
+    assert state.ledger.would_exceed(budget=1.0, delta=cfg.delta, next_event=planned_event(cfg, 8))
+
+
+def test_state_survives_a_new_process_exactly(cfg, tmp_path):
+    state = client_state.new_state(cfg, 1)
+    answer_query(state, cfg, _query(cfg, 0))
+    client_state.save_state(state, tmp_path)
+    client_state.clear_cache()  # as if the worker process were new
+    loaded = client_state.load_state(cfg, 1, tmp_path, version=state.version)
+    assert loaded is not state and loaded.ledger.queries == 1 and loaded.version == state.version
+    for a, b in zip(state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values()):
+        assert torch.equal(a, b)
+    # Both continue identically (same data cursor, same seeded noise).
+    a = answer_query(state, cfg, _query(cfg, 1))
+    b = answer_query(loaded, cfg, _query(cfg, 1))
+    np.testing.assert_array_equal(a.grad, b.grad)
+
+
+def test_cache_is_used_only_at_the_matching_version(cfg, tmp_path):
+    state = client_state.new_state(cfg, 0)
+    client_state.save_state(state, tmp_path)
+    assert client_state.load_state(cfg, 0, tmp_path, version=state.version) is state
+    state.version += 1  # advanced elsewhere, file not rewritten: the cache entry is stale
+    assert client_state.load_state(cfg, 0, tmp_path, version=99) is not state
+
+
+def test_corrupt_state_file_is_a_clear_error(cfg, tmp_path):
+    client_state.clear_cache()
+    client_state.state_path(tmp_path, 0).write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="unreadable"):
+        client_state.load_state(cfg, 0, tmp_path, version=1)
+
+
+def test_warm_start_trains_d_without_privacy_cost(cfg):
+    warm = cfg.replace(warmup_steps=4)
+    state = client_state.new_state(warm, 0)
+    before = [p.detach().clone() for p in state.discriminator.parameters()]
+    warm_start(state, warm)
+    assert state.warmed_up and state.ledger.queries == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters()))
+
+
+def _grads(answer, B=8):
+    return decode_grads(answer.grad, answer.grad_encoding, batch_size=B)
+
+
+def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unchanged(cfg):
+    """Same seeded noise: the float16 answer is exactly the float16 cast of the noisy float32 one."""
+    out = {}
+    for dtype in ("float32", "float16"):
+        c = cfg.replace(wire_dtype=dtype)
+        state = client_state.new_state(c, 1)
+        out[dtype] = (answer_query(state, c, _query(c)), state.ledger)
+    (a32, led32), (a16, led16) = out["float32"], out["float16"]
+    assert a32.grad_encoding.startswith("float32") and a16.grad_encoding.startswith("float16")
+    g32, g16 = _grads(a32), _grads(a16)
+    np.testing.assert_array_equal(g16, g32.astype(np.float16).astype(np.float32))
+    assert not np.array_equal(g16, g32)
+    assert np.abs(g32).max() > 0.5  # the noise (std 2σC) is in there, not only the clipped gradient
+    assert led16.history == led32.history and a16.epsilon == a32.epsilon
+    assert a16.noise_multiplier == a32.noise_multiplier
+
+
+def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
+    q = _query(cfg)
+    levels, tag = encode_samples(q.fake, "uint8", compress=True)
+    as_uint8 = GsQuery(step=0, batch_size=8, fake=levels, labels=q.labels, fake_encoding=tag)
+    dequantized = GsQuery(step=0, batch_size=8, labels=q.labels,
+                          fake=quantize_samples(q.fake).astype(np.float32) / 255)
+    a = answer_query(client_state.new_state(cfg, 1), cfg, as_uint8)
+    b = answer_query(client_state.new_state(cfg, 1), cfg, dequantized)
+    np.testing.assert_array_equal(_grads(a), _grads(b))
+
+
+@pytest.mark.parametrize("mode", ["query", "replay"])
+def test_reused_critic_fakes_need_one_batch_per_query(cfg, mode):
+    reuse = cfg.replace(critic_fakes=mode, replay_batches=2)
+    state = client_state.new_state(reuse, 0)
+    with pytest.raises(PayloadError, match="shape"):
+        answer_query(state, reuse, _query(cfg))  # a query with fresh critic batches
+    for step in range(3):
+        assert not answer_query(state, reuse, _query(reuse, step)).refused
+    assert state.ledger.queries == 3
+    assert len(replay_buffer(state, 2)) == (2 if mode == "replay" else 0)
+
+
+def test_replay_draws_from_the_buffer_and_the_queried_batch(cfg):
+    reuse = cfg.replace(critic_fakes="replay", replay_batches=1, n_critic=4)
+    state = client_state.new_state(reuse, 0)
+    ones, zeros, y = torch.ones(8, 1, 28, 28), torch.zeros(8, 1, 28, 28), torch.zeros(8, dtype=torch.long)
+    first, _ = select_critic_fakes(state, reuse, ones, y, 8)
+    assert first.shape == (32, 1, 28, 28) and torch.all(first == 1)  # empty buffer: the queried batch
+    second, _ = select_critic_fakes(state, reuse, zeros, y, 8)
+    means = second.flatten(1).mean(dim=1)
+    assert set(means.tolist()) == {0.0, 1.0}  # buffered ones and queried zeros both used
+    assert torch.all(replay_buffer(state, 1)[0][0] == 0)  # capacity 1: only the latest kept
+
+
+def test_only_the_sanitized_gradient_leaves_a_client_unless_stats_are_asked_for(cfg):
+    """Critic statistics come from private data without noise: they must not leave by default."""
+    state = client_state.new_state(cfg, 0)
+    assert answer_query(state, cfg, _query(cfg)).stats == {}
+    debug = cfg.replace(client_stats=True)
+    stats = answer_query(client_state.new_state(debug, 0), debug, _query(debug)).stats
+    assert {"wasserstein", "grad_norm_mean", "clip_fraction"} <= set(stats)
+
+
+def test_releases_made_with_a_debugging_option_are_recorded_as_not_private(cfg):
+    """A fixed noise seed makes the noise recomputable; un-noised statistics leave with the answer:
+    the client's own ledger says so, and its ε is unbounded."""
+    from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
+
+    state = client_state.new_state(cfg, 0)
+    answer_query(state, cfg, _query(cfg))
+    assert state.ledger.void_reasons == (VOID_NOISE_SEED,) and state.ledger.epsilon(delta=cfg.delta) == np.inf
+    stats_cfg = cfg.replace(noise_seed=-1, client_stats=True)
+    stats_state = client_state.new_state(stats_cfg, 0)
+    answer_query(stats_state, stats_cfg, _query(stats_cfg))
+    assert stats_state.ledger.void_reasons == (VOID_CLIENT_STATS,)
+    private = cfg.replace(noise_seed=-1)
+    clean = client_state.new_state(private, 0)
+    answer_query(clean, private, _query(private))
+    assert clean.ledger.void_reasons == () and np.isfinite(clean.ledger.epsilon(delta=cfg.delta))
+
+
+def test_a_query_with_another_batch_size_is_refused(cfg):
+    """B sets the noise multiplier σ/√B of the release: only the run's B is answered."""
+    state = client_state.new_state(cfg, 0)
+    q = _query(cfg.replace(batch_size=16))
+    answer = answer_query(state, cfg, q)
+    assert answer.refused and "B = 16" in answer.reason and state.ledger.queries == 0
+
+
+def test_the_nodes_budget_holds_whatever_the_server_asks(cfg):
+    from common.privacy import NodePolicy
+
+    private = cfg.replace(noise_seed=-1)  # the server asks for no budget at all
+    state = client_state.new_state(private, 0)
+    policy = NodePolicy(max_epsilon=40.0)
+    answers = [answer_query(state, private, _query(private, step), policy) for step in range(30)]
+    assert any(a.refused for a in answers) and "budget 40" in next(a.reason for a in answers if a.refused)
+    assert state.ledger.epsilon(delta=policy.delta) <= 40.0

@@ -1,0 +1,81 @@
+"""A node's own privacy policy: what it refuses whatever the server asks, and where it comes from."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ExperimentConfig
+from common.privacy import (
+    NodePolicy,
+    PolicyError,
+    PrivacyEvent,
+    PrivacyLedger,
+    load_policy,
+)
+from common.privacy.policy import POLICY_ENV, policy_from_file
+
+
+def test_defaults_forbid_every_non_private_option() -> None:
+    policy = NodePolicy()
+    assert policy.violations(ExperimentConfig()) == []
+    for change, word in [(dict(noise_seed=3), "noise seed"), (dict(client_stats=True), "statistics"),
+                         (dict(noise_multiplier=0.0), "without noise"),
+                         (dict(strategy="dpgan", sampling_seed=1), "DP-SGD batches")]:
+        (reason,) = policy.violations(ExperimentConfig(**change))
+        assert word in reason and "allow-nonprivate" in reason
+    # The server's own sampling seed only voids the server-side (amplified) figure: allowed.
+    assert policy.violations(ExperimentConfig(sampling_seed=1)) == []
+    assert NodePolicy(allow_nonprivate=True).violations(ExperimentConfig(noise_seed=3, client_stats=True)) == []
+
+
+def test_a_server_asking_for_less_noise_a_larger_budget_or_delta_is_refused() -> None:
+    policy = NodePolicy(min_noise_multiplier=1.0, max_epsilon=50.0, delta=1e-6)
+    reasons = policy.violations(ExperimentConfig(noise_multiplier=0.8, client_epsilon_budget=80.0, delta=1e-5))
+    assert len(reasons) == 3
+    assert "0.8 is below the node's minimum 1" in reasons[0] and "80 exceeds the node's maximum 50" in reasons[1]
+    assert "delta 1e-05 is larger than the node's delta 1e-06" in reasons[2]
+    assert policy.violations(ExperimentConfig(noise_multiplier=1.2, client_epsilon_budget=10.0, delta=1e-7)) == []
+    assert "raw discriminator updates" in policy.violations(ExperimentConfig(strategy="fedavg-gan", delta=1e-6))[0]
+    dpgan = ExperimentConfig(strategy="dpgan", dpgan_noise_multiplier=0.5, delta=1e-6)
+    assert "0.5 is below" in policy.violations(dpgan)[0]
+
+
+def test_both_budgets_are_enforced_each_at_its_own_delta() -> None:
+    cfg = ExperimentConfig(client_epsilon_budget=30.0, delta=1e-7)
+    policy = NodePolicy(max_epsilon=40.0, delta=1e-5)
+    assert policy.budgets(cfg) == [(30.0, 1e-7), (40.0, 1e-5)]
+    query = PrivacyEvent(noise_multiplier=0.5)
+    ledger = PrivacyLedger()
+    while not policy.over_budget(ledger, query, cfg):
+        ledger.record(query)
+    assert ledger.epsilon(delta=1e-7) <= 30.0 and ledger.epsilon(delta=1e-5) <= 40.0
+    assert "budget 30 at delta 1e-07" in policy.over_budget(ledger, query, cfg)
+    assert NodePolicy().budgets(ExperimentConfig()) == []
+
+
+def test_sources_in_order_node_config_file_environment(tmp_path) -> None:
+    file = tmp_path / "policy.toml"
+    file.write_text("min-noise-multiplier = 2\nmax-epsilon = 9.5\nallow-nonprivate = true\n")
+    assert load_policy({}, {}) == NodePolicy()
+    from_env = load_policy({}, {POLICY_ENV: str(file)})
+    assert (from_env.min_noise_multiplier, from_env.max_epsilon, from_env.allow_nonprivate) == (2.0, 9.5, True)
+    assert load_policy({"privacy-policy": str(file)}, {}).source.endswith("policy.toml")
+    inline = load_policy({"privacy-max-epsilon": 3, "privacy-allow-nonprivate": "false", "partition-id": 0},
+                         {POLICY_ENV: str(file)})
+    assert (inline.max_epsilon, inline.allow_nonprivate, inline.source) == (3.0, False, "node config")
+    (tmp_path / "table.toml").write_text("[policy]\ndelta = 1e-6\n")
+    assert policy_from_file(tmp_path / "table.toml").delta == 1e-6
+
+
+@pytest.mark.parametrize("text, words", [
+    ("max-epsilon = -1", "max-epsilon"), ("min-noise = 1", "unknown key"), ("delta = 2.0", "delta"),
+    ("allow-nonprivate = 1", "true or false"), ("max-epsilon = [", "not valid TOML"),
+])
+def test_a_bad_policy_is_an_error_naming_the_file_and_field(tmp_path, text: str, words: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError, match=words) as err:
+        policy_from_file(path)
+    assert str(path) in str(err.value)
+    with pytest.raises(PolicyError, match="cannot be read"):
+        policy_from_file(tmp_path / "missing.toml")

@@ -1,0 +1,93 @@
+"""The config dataclass is the single source of CLI flags, TOML keys and Flower run_config keys."""
+
+import dataclasses
+import tomllib
+
+import pytest
+
+from common.config import ConfigError, ExperimentConfig
+from simulations.cli import build_parser, resolve_config
+from tests.helpers import ROOT
+
+
+@pytest.mark.parametrize(
+    "change, field_name",
+    [
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"dataset": "cifar"}, "dataset"),
+        ({"partition": "random"}, "partition"),
+        ({"model": "huge"}, "model"),
+        ({"clip": 0.0}, "clip"),
+        ({"delta": 1.0}, "delta"),
+        ({"clients_per_step": 30}, "clients_per_step"),
+        ({"batch_size": 500}, "batch_size"),
+        ({"lr_g": float("nan")}, "lr_g"),
+        ({"wire_dtype": "int8"}, "wire_dtype"),
+        ({"wire_samples": "uint4"}, "wire_samples"),
+        ({"wire_compression": "gzip"}, "wire_compression"),
+        ({"critic_fakes": "stale"}, "critic_fakes"),
+        ({"replay_batches": 0}, "replay_batches"),
+    ],
+)
+def test_invalid_values_name_field_and_value(change, field_name):
+    with pytest.raises(ConfigError) as err:
+        ExperimentConfig(**change)
+    assert field_name in str(err.value)
+    assert repr(next(iter(change.values())))[:6] in str(err.value)
+
+
+def test_run_config_round_trip():
+    cfg = ExperimentConfig(num_clients=5, steps=7, noise_multiplier=0.5)
+    rc = cfg.to_run_config()
+    assert "noise-multiplier" in rc
+    assert ExperimentConfig.from_run_config(rc) == cfg
+
+
+def test_unknown_and_mistyped_keys_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'sigma'"):
+        ExperimentConfig.from_mapping({"sigma": 1.0})
+    with pytest.raises(ConfigError, match="steps must be int"):
+        ExperimentConfig.from_mapping({"steps": "ten"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        ExperimentConfig.from_toml(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        ExperimentConfig.from_toml(tmp_path / "missing.toml")
+
+
+def test_every_field_is_a_flag_with_help():
+    parser = build_parser()
+    sim = parser._subparsers._group_actions[0].choices["simulate"]
+    flags = {opt for action in sim._actions for opt in action.option_strings}
+    for f in dataclasses.fields(ExperimentConfig):
+        assert "--" + f.name.replace("_", "-") in flags
+        assert len(f.metadata["help"]) > 10
+    for stable in ("--config", "--strategy", "--dataset", "--data-dir", "--partition", "--num-clients",
+                   "--steps", "--batch-size", "--noise-multiplier", "--clip", "--delta", "--model",
+                   "--seed", "--out", "--resume", "--no-eval"):
+        assert stable in flags
+
+
+def test_precedence_defaults_toml_flags(tmp_path):
+    toml = tmp_path / "exp.toml"
+    toml.write_text("steps = 11\nbatch-size = 16\n")
+    args = build_parser().parse_args(["simulate", "--config", str(toml), "--steps", "12"])
+    cfg = resolve_config(args)
+    assert (cfg.steps, cfg.batch_size, cfg.num_clients) == (12, 16, ExperimentConfig().num_clients)
+
+
+def test_pyproject_flower_config_matches_dataclass_defaults():
+    """`flwr run .` reads [tool.flwr.app.config]: it must hold every field with its default
+    (regenerate with `python -m simulations.flwr_config`)."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    flower = data["tool"]["flwr"]["app"]["config"]
+    assert ExperimentConfig.from_run_config(flower) == ExperimentConfig()
+    assert set(flower) == set(ExperimentConfig().to_run_config())
+
+
+def test_shipped_experiment_files_are_valid():
+    files = sorted((ROOT / "simulations" / "configs").glob("*.toml"))
+    assert files
+    for path in files:
+        ExperimentConfig.from_toml(path)

@@ -1,0 +1,151 @@
+"""The simulation runtime's feeder is woken on push, and the hook it relies on still exists in Flower.
+
+If a Flower upgrade breaks one of the first three tests, ``simulations/flower_tuning.py`` silently
+stops helping (every step waits for the runtime's 0.1 s poll again): revisit it, do not delete them.
+"""
+
+import inspect
+import os
+import threading
+from queue import Queue
+
+from flwr.server.superlink.fleet.vce import vce_api
+
+from server.transport import FlowerTransport
+from simulations.flower_tuning import (
+    FEEDER_NAME,
+    FEEDER_PARAMS,
+    _WakeOnPush,
+    prompt_message_delivery,
+)
+
+
+class FakeState:
+    """The one LinkState method the feeder calls: undelivered messages for a node."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+        self.lock = threading.Lock()
+
+    def get_message_ins(self, node_id: int, limit: int) -> list[str]:
+        with self.lock:
+            taken, self.pending = self.pending[:limit], self.pending[limit:]
+        return taken
+
+
+def test_flower_starts_its_feeder_through_the_module_attribute():
+    feeder = getattr(vce_api, FEEDER_NAME)
+    assert tuple(inspect.signature(feeder).parameters) == FEEDER_PARAMS
+    # run_api resolves the name at call time, so replacing the module attribute takes effect
+    assert FEEDER_NAME in vce_api.run_api.__code__.co_names
+
+
+def test_flower_feeder_sleeps_on_its_stop_event():
+    """Our wake-up works by standing in for ``f_stop``: the feeder must still wait on it."""
+
+    class RecordingStop:
+        def __init__(self) -> None:
+            self.waits: list[float | None] = []
+
+        def is_set(self) -> bool:
+            return len(self.waits) >= 2
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return False
+
+    stop = RecordingStop()
+    getattr(vce_api, FEEDER_NAME)(FakeState(), Queue(), {1: 0}, stop)
+    assert len(stop.waits) == 2 and all(t is not None and t > 0 for t in stop.waits)
+
+
+def _deliver(state: FakeState, queue: Queue, notify) -> None:
+    """Push one message into the store, signal it, and see the feeder hand it on."""
+    with state.lock:
+        state.pending.append("message")
+    notify()
+    assert queue.get(timeout=5) == "message"
+
+
+def test_a_push_ends_the_feeders_wait_whatever_its_timeout():
+    """Deterministic form of "delivered at once": a wait of a minute ends when a push is signalled
+    (how fast that is in practice is bench/step_overhead.py's business, not a test's)."""
+    stop, pushed = threading.Event(), threading.Event()
+    waiting = threading.Thread(target=_WakeOnPush(stop, pushed).wait, args=(60.0,))
+    waiting.start()
+    pushed.set()
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    assert not pushed.is_set()  # consumed, so the next wait sleeps until the next push
+
+
+def test_the_wrapped_feeder_delivers_and_the_original_is_restored():
+    original = getattr(vce_api, FEEDER_NAME)
+    state, queue, stop = FakeState(), Queue(), threading.Event()
+    with prompt_message_delivery() as notify:
+        feeder = threading.Thread(target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {1: 0}, stop))
+        feeder.start()
+        for _ in range(3):
+            _deliver(state, queue, notify)
+        stop.set()
+        feeder.join(timeout=5)
+    assert not feeder.is_alive()
+    assert getattr(vce_api, FEEDER_NAME) is original
+
+
+def test_unwoken_feeder_still_delivers_on_flowers_poll():
+    state, queue, stop = FakeState(), Queue(), threading.Event()
+    with prompt_message_delivery():
+        feeder = threading.Thread(target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {1: 0}, stop))
+        feeder.start()
+        _deliver(state, queue, lambda: None)
+        stop.set()
+        feeder.join(timeout=5)
+    assert not feeder.is_alive()
+
+
+class FakeGrid:
+    """push/pull as Flower's Grid; replies appear on the second pull."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.pulls, self.pull_interval = events, 0, 0.0
+
+    def push_messages(self, messages):
+        self.events.append("push")
+        return [f"id-{i}" for i, _ in enumerate(messages)]
+
+    def pull_messages(self, message_ids):
+        self.events.append("pull")
+        self.pulls += 1
+        if self.pulls < 2:
+            return []
+        return [type("Reply", (), {"metadata": type("M", (), {"reply_to_message_id": i})()})()
+                for i in sorted(message_ids)]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise AssertionError("with on_pushed the transport pushes and pulls itself")
+
+
+def test_transport_signals_between_push_and_pull():
+    events: list[str] = []
+    transport = FlowerTransport(FakeGrid(events), on_pushed=lambda: events.append("wake"))
+    replies = transport._send_and_receive(["a", "b"], 5.0)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id-0", "id-1"]
+    assert events == ["push", "wake", "pull", "pull"]
+
+
+def test_client_actors_run_at_normal_priority_unless_told_otherwise(monkeypatch):
+    from ray._private import ray_constants
+
+    from simulations.flower_tuning import (
+        RAY_WORKER_NICENESS,
+        run_client_actors_at_normal_priority,
+    )
+
+    assert ray_constants.RAY_WORKER_NICENESS == RAY_WORKER_NICENESS  # Ray still reads this variable
+    monkeypatch.delenv(RAY_WORKER_NICENESS, raising=False)
+    run_client_actors_at_normal_priority()
+    assert os.environ[RAY_WORKER_NICENESS] == "0"
+    monkeypatch.setenv(RAY_WORKER_NICENESS, "5")
+    run_client_actors_at_normal_priority()
+    assert os.environ[RAY_WORKER_NICENESS] == "5"
