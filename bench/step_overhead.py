@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import ExperimentConfig  # noqa: E402
 from server.reporting import RunDirectory  # noqa: E402
-from simulations.simulate import _run_flower, _run_inprocess  # noqa: E402
+from simulations.experiments.simulate import _run_flower, _run_inprocess  # noqa: E402
 
 
 def one_arm(arm: str, cfg: ExperimentConfig) -> dict:

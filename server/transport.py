@@ -39,7 +39,7 @@ class FlowerTransport:
     def __init__(self, grid: Grid, *, timeout_s: float = 600.0, wait_nodes_s: float = 120.0,
                  on_pushed: Callable[[], None] | None = None) -> None:
         """``on_pushed`` is called after each push (the simulation runtime's wake-up, see
-        ``simulations.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
+        ``simulations.experiments.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
         self.grid = grid
         self.timeout_s = timeout_s
         self.wait_nodes_s = wait_nodes_s

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sim)
     dep = sub.add_parser("deploy", help="run an experiment as a real Flower deployment (SuperLink, one "
                          "SuperNode per client, `flwr run`) on this machine",
-                         description=__import__("simulations.deploy", fromlist=["x"]).__doc__,
+                         description=__import__("simulations.deploy.local", fromlist=["x"]).__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     dep.add_argument("--local", action="store_true", required=True,
                      help="start the SuperLink and SuperNodes as processes on free loopback ports (required: "
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(dep)
     cmp_ = sub.add_parser("compare", help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
                           "comparison.json, a table and a bytes-per-step plot",
-                          description=__import__("simulations.compare", fromlist=["x"]).__doc__)
+                          description=__import__("simulations.experiments.compare", fromlist=["x"]).__doc__)
     cmp_.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     cmp_.add_argument("--transport", choices=("flower", "inprocess"), default="flower",
                       help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
     dbg = sub.add_parser("debug-task", help="Augenstein et al.'s debugging task: find clients with inverted "
                          "images and show the bug in a private generator trained on them",
-                         description=(__import__("simulations.debug_task", fromlist=["x"]).__doc__))
+                         description=(__import__("simulations.experiments.debug_task", fromlist=["x"]).__doc__))
     dbg.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     dbg.add_argument("--threshold", type=float, default=0.5,
                      help="a client is suspect when its noisy on-device classifier accuracy is below this (default 0.5)")
@@ -165,7 +165,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"run directory: {run.path}", flush=True)
-    from .simulate import simulate
+    from .experiments.simulate import simulate
 
     return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
 
@@ -175,7 +175,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     from server.reporting import RunDirectoryError, check_new_run_dir
 
-    from .deploy import DeployError, check_options, check_tools, deploy_local
+    from .deploy.local import DeployError, check_options, check_tools, deploy_local
 
     try:
         check_tools()
@@ -235,7 +235,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from common.data import DataError, check_partition_sizes
 
-    from .compare import compare, format_comparison
+    from .experiments.compare import compare, format_comparison
 
     try:
         apply_node_policy(args)
@@ -253,7 +253,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from common.data import DataError
     from server.reporting import RunDirectoryError
 
-    from .evaluate import evaluate_run, print_eval
+    from .experiments.evaluate import evaluate_run, print_eval
 
     if args.num_samples is not None and args.num_samples < 10:
         print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
@@ -273,7 +273,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_debug_task(args: argparse.Namespace) -> int:
     from common.data import DataError
 
-    from .debug_task import debug_task, format_result
+    from .experiments.debug_task import debug_task, format_result
 
     try:
         apply_node_policy(args)

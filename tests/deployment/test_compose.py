@@ -21,7 +21,7 @@ import yaml
 from flwr.common.config import parse_config_args
 
 from common.config import ExperimentConfig
-from simulations import compose
+from simulations.deploy import compose
 from tests.helpers import ROOT
 
 BASE = (compose.BASE_FILE,)
@@ -123,7 +123,7 @@ def test_committed_files_equal_generator_output() -> None:
     assert num_clients == compose.DEFAULT_NUM_CLIENTS
     for name, text in compose.rendered(num_clients).items():
         assert (ROOT / name).read_text() == text, (
-            f"{name} is stale: run `python -m simulations.compose --num-clients {num_clients} "
+            f"{name} is stale: run `python -m simulations.deploy.compose --num-clients {num_clients} "
             "--write`")
 
 

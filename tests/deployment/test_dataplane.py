@@ -17,8 +17,8 @@ from server.dataplane import (
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
-from simulations import pki
-from simulations.processes import alive, identity
+from simulations.deploy import pki
+from simulations.deploy.processes import alive, identity
 
 pytestmark = pytest.mark.slow
 TINY = dict(num_clients=2, model="tiny", batch_size=8, n_critic=1, synthetic_samples_per_writer=24,

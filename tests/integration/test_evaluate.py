@@ -6,7 +6,7 @@ import pytest
 
 from server.reporting import RunDirectoryError
 from simulations.cli import main
-from simulations.evaluate import evaluate_run
+from simulations.experiments.evaluate import evaluate_run
 
 TINY = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
         "--synthetic-samples-per-writer", "40", "--no-progress", "--transport", "inprocess"]

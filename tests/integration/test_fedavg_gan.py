@@ -6,7 +6,7 @@ import pytest
 
 from common.config import ExperimentConfig
 from server.reporting import RunDirectory
-from simulations.simulate import _run_flower, _run_inprocess
+from simulations.experiments.simulate import _run_flower, _run_inprocess
 
 
 @pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])

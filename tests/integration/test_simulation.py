@@ -12,7 +12,7 @@ import pytest
 from common.config import ExperimentConfig
 from common.privacy import PrivacyEvent, PrivacyLedger
 from server.reporting import RunDirectory
-from simulations.simulate import _run_flower, _run_inprocess
+from simulations.experiments.simulate import _run_flower, _run_inprocess
 
 STEPS = 6
 

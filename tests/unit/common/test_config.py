@@ -79,7 +79,7 @@ def test_precedence_defaults_toml_flags(tmp_path):
 
 def test_pyproject_flower_config_matches_dataclass_defaults():
     """`flwr run .` reads [tool.flwr.app.config]: it must hold every field with its default
-    (regenerate with `python -m simulations.flwr_config`)."""
+    (regenerate with `python -m simulations.devtools.flwr_config`)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flower = data["tool"]["flwr"]["app"]["config"]
     assert ExperimentConfig.from_run_config(flower) == ExperimentConfig()

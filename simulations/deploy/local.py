@@ -33,7 +33,7 @@ from . import netns, pki
 from .processes import spawn, terminate
 from .wire_relay import WireRelay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONNECTION = "fedgan-local"
 FINISHED = "finished:"
 
@@ -274,7 +274,7 @@ class LocalDeployment:
 # ---- the `fedgan deploy --local` command ----------------------------------------------------------
 def run_config_file(cfg: ExperimentConfig, path: Path) -> Path:
     """The whole configuration as a ``flwr run --run-config`` TOML file (every field a key)."""
-    from .flwr_config import toml_value
+    from simulations.devtools.flwr_config import toml_value
 
     path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()))
     return path
@@ -336,7 +336,7 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     the deployment's byte figures to summary.json, evaluate; returns ``fedgan simulate``'s exit codes."""
     from server.reporting import RunDirectory, atomic_write_json
 
-    from .simulate import EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+    from simulations.experiments.simulate import EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
 
     run_path = Path(cfg.out)
     if cfg.dataplane == "grpc":
@@ -374,7 +374,7 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
         print(f"fedgan: run not completed: {summary['status']} (Flower: {info['status']})", file=sys.stderr)
         return EXIT_STOPPED
     if cfg.eval:
-        from .simulate import evaluate_at_end
+        from simulations.experiments.simulate import evaluate_at_end
 
         return evaluate_at_end(cfg, RunDirectory(run_path))
     return EXIT_COMPLETED

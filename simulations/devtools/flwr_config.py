@@ -1,7 +1,7 @@
 """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` from ``ExperimentConfig``'s defaults.
 
 ``flwr run .`` reads that table; a test keeps it equal to the dataclass. After adding or changing a
-config field run ``python -m simulations.flwr_config``.
+config field run ``python -m simulations.devtools.flwr_config``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from common.config import ExperimentConfig
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 HEADER = "[tool.flwr.app.config]"
 
 

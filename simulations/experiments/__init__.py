@@ -1,0 +1,1 @@
+"""The experiments behind the ``fedgan`` commands: simulate, compare, the debugging task, evaluate."""
