@@ -80,13 +80,13 @@ def test_a_second_start_says_already_running(tmp_path):
     transport, control = started(tmp_path, idle_s=30)
     try:
         node = next(iter(control.contexts))
-        from client.flower_wire import decode_records, encode_records
-
+        from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
+        from protos import wire
         from server.strategies.base import Outgoing
 
-        again = control.exchange([Outgoing(node, "query.dataplane", encode_records({}, {
-            "address": "127.0.0.1:1", "token": "x", "run_id": run_id_of(control), "ca": "", "idle_s": 30.0}))])
-        assert decode_records(again.replies[0].content)[1]["status"] == "already running"
+        start = DataplaneStart(address="127.0.0.1:1", token="x", run_id=run_id_of(control), ca="", idle_s=30.0)
+        again = control.exchange([Outgoing(node, DATAPLANE, wire.encode(start))])
+        assert wire.decode(DataplaneReply, again.replies[0].content).status == "already running"
     finally:
         transport.close()
 
