@@ -25,13 +25,16 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/fedgan simulate
 
-# tests/unit/test_compose.py validates the compose files with Debian's docker-compose (no Docker
+# The formatter and the linter first (configured in pyproject.toml), then the suite.
+# tests/deployment/test_compose.py validates the compose files with Debian's docker-compose (no Docker
 # engine needed), so it is installed first when missing: as root directly, otherwise with sudo.
 test: install
 	@command -v docker-compose >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; } \
 	  || { command -v sudo >/dev/null 2>&1 && sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; } \
 	  || { echo "make test: could not install docker-compose; run 'apt-get install docker-compose' as root" >&2; exit 1; }
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 protos: install

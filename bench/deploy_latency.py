@@ -25,17 +25,43 @@ BIN = Path(sys.executable).parent
 
 
 def run(command: str, out: Path, args: argparse.Namespace, extra: list[str], steps: int) -> dict:
-    argv = [str(BIN / "fedgan"), command, *extra, "--num-clients", str(args.num_clients), "--steps",
-            str(steps), "--model", args.model, "--wire-compression", "none", "--sampling-seed", "1", "--batch-size", "32", "--n-critic", "5", "--no-eval",
-            "--no-progress", "--sample-every", "1000000", "--out", str(out)]
+    argv = [
+        str(BIN / "fedgan"),
+        command,
+        *extra,
+        "--num-clients",
+        str(args.num_clients),
+        "--steps",
+        str(steps),
+        "--model",
+        args.model,
+        "--wire-compression",
+        "none",
+        "--sampling-seed",
+        "1",
+        "--batch-size",
+        "32",
+        "--n-critic",
+        "5",
+        "--no-eval",
+        "--no-progress",
+        "--sample-every",
+        "1000000",
+        "--out",
+        str(out),
+    ]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"step_latency_s": summary["step_latency_s"], "bytes_per_step": summary["comm"]["bytes_per_step"],
-            "clients": [{k: c[k] for k in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")}
-                        for c in summary["clients"]],
-            "deployment": summary.get("deployment")}
+    return {
+        "step_latency_s": summary["step_latency_s"],
+        "bytes_per_step": summary["comm"]["bytes_per_step"],
+        "clients": [
+            {k: c[k] for k in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")} for c in summary["clients"]
+        ],
+        "deployment": summary.get("deployment"),
+    }
 
 
 def main() -> None:
@@ -48,23 +74,28 @@ def main() -> None:
     args = parser.parse_args()
     secure = ["--tls", "--auth"] if args.tls else []
     with tempfile.TemporaryDirectory() as tmp:
-        arms = {"simulation": run("simulate", Path(tmp) / "sim", args, [], args.steps),
-                "deploy_grpc": run("deploy", Path(tmp) / "grpc", args, ["--local", "--transport", "grpc", *secure],
-                                   args.steps),
-                "deploy_flower": run("deploy", Path(tmp) / "flower", args,
-                                     ["--local", "--transport", "flower", *secure], args.flower_steps)}
+        arms = {
+            "simulation": run("simulate", Path(tmp) / "sim", args, [], args.steps),
+            "deploy_grpc": run(
+                "deploy", Path(tmp) / "grpc", args, ["--local", "--transport", "grpc", *secure], args.steps
+            ),
+            "deploy_flower": run(
+                "deploy", Path(tmp) / "flower", args, ["--local", "--transport", "flower", *secure], args.flower_steps
+            ),
+        }
     median = {k: v["step_latency_s"]["median"] for k, v in arms.items()}
     # CT does not depend on which clients answered with fixed-size encodings: it must be equal.
     same = len({a["bytes_per_step"]["total"] for a in arms.values()}) == 1
-    result = {"config": vars(args), "arms": arms, "median_step_s": median,
-              "per_step_bytes_equal": same}
+    result = {"config": vars(args), "arms": arms, "median_step_s": median, "per_step_bytes_equal": same}
     out = ROOT / "bench" / "results" / "deploy_latency.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     ct = {k: v["bytes_per_step"]["total"] for k, v in arms.items()}
-    print(f"median step: simulation {median['simulation']:.3f} s, deploy gRPC data plane {median['deploy_grpc']:.3f} s, "
-          f"deploy Flower messages {median['deploy_flower']:.2f} s; CT {ct['simulation']:,.0f} / {ct['deploy_grpc']:,.0f}"
-          f" / {ct['deploy_flower']:,.0f} B; bytes per step equal: {same} -> {out}")
+    print(
+        f"median step: simulation {median['simulation']:.3f} s, deploy gRPC data plane {median['deploy_grpc']:.3f} s, "
+        f"deploy Flower messages {median['deploy_flower']:.2f} s; CT {ct['simulation']:,.0f} / {ct['deploy_grpc']:,.0f}"
+        f" / {ct['deploy_flower']:,.0f} B; bytes per step equal: {same} -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -54,9 +54,15 @@ def non_private_step(model: str, batch: int) -> Callable[..., None]:
 
 def private_step(model: str, batch: int, mode: str) -> Callable[..., None]:
     trainer = DpDiscriminatorTrainer(
-        build_dpgan_discriminator(model), lr=2e-4, betas=(0.5, 0.999), noise_multiplier=1.0,
-        max_grad_norm=1.0, sample_rate=batch / 60000, expected_batch_size=batch,
-        grad_sample_mode=mode, generator=torch.Generator().manual_seed(0),
+        build_dpgan_discriminator(model),
+        lr=2e-4,
+        betas=(0.5, 0.999),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sample_rate=batch / 60000,
+        expected_batch_size=batch,
+        grad_sample_mode=mode,
+        generator=torch.Generator().manual_seed(0),
     )
     return lambda *batch_: trainer.step(*batch_)
 
@@ -78,8 +84,7 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     b = args.batch
-    data = (torch.rand(b, 1, 28, 28), torch.randint(0, 10, (b,)),
-            torch.rand(b, 1, 28, 28), torch.randint(0, 10, (b,)))
+    data = (torch.rand(b, 1, 28, 28), torch.randint(0, 10, (b,)), torch.rand(b, 1, 28, 28), torch.randint(0, 10, (b,)))
     arms: dict[str, Callable[..., None]] = {"non_private": non_private_step(args.model, b)}
     errors: dict[str, str] = {}
     for mode in GRAD_SAMPLE_MODES:
@@ -108,10 +113,12 @@ def main() -> None:
     path = ROOT / "bench" / "results" / "dpgan_step.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
-    modes = ", ".join(f"{n.removeprefix('dp_')} {med[n]*1e3:.0f} ms" for n in med if n != "non_private")
-    print(f"dpgan_step ({args.model}, B={b}): non-private {med['non_private']*1e3:.0f} ms/step, "
-          f"DP-SGD {med[best]*1e3:.0f} ms/step ({best.removeprefix('dp_')}), ratio {ratio:.2f}x "
-          f"[modes: {modes}; failed: {', '.join(errors) or 'none'}] -> {path.relative_to(ROOT)}")
+    modes = ", ".join(f"{n.removeprefix('dp_')} {med[n] * 1e3:.0f} ms" for n in med if n != "non_private")
+    print(
+        f"dpgan_step ({args.model}, B={b}): non-private {med['non_private'] * 1e3:.0f} ms/step, "
+        f"DP-SGD {med[best] * 1e3:.0f} ms/step ({best.removeprefix('dp_')}), ratio {ratio:.2f}x "
+        f"[modes: {modes}; failed: {', '.join(errors) or 'none'}] -> {path.relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

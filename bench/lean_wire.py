@@ -29,8 +29,7 @@ from server.transport import InProcessTransport  # noqa: E402
 VARIANTS: dict[str, dict[str, object]] = {
     "float32": dict(wire_samples="float32", wire_dtype="float32", wire_compression="none"),
     "uint8+float16": dict(wire_samples="uint8", wire_dtype="float16", wire_compression="none"),
-    "uint8+float16+deflate (default)": dict(wire_samples="uint8", wire_dtype="float16",
-                                            wire_compression="deflate"),
+    "uint8+float16+deflate (default)": dict(wire_samples="uint8", wire_dtype="float16", wire_compression="deflate"),
     "query fakes": dict(critic_fakes="query"),
     "replay fakes": dict(critic_fakes="replay"),
 }
@@ -41,8 +40,7 @@ def run_variant(cfg: ExperimentConfig) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = cfg.replace(out=str(Path(tmp) / "run"))
         run = RunDirectory.create(cfg)
-        summary = run_experiment(cfg, run, InProcessTransport(client_app, cfg.num_clients),
-                                 transport_name="inprocess")
+        summary = run_experiment(cfg, run, InProcessTransport(client_app, cfg.num_clients), transport_name="inprocess")
         return summary["comm"]["bytes_per_step"]
 
 
@@ -54,20 +52,33 @@ def main() -> None:
     parser.add_argument("--n-critic", type=int, default=5)
     parser.add_argument("--num-clients", type=int, default=3)
     args = parser.parse_args()
-    base = ExperimentConfig(steps=args.steps, model=args.model, batch_size=args.batch_size,
-                            n_critic=args.n_critic, num_clients=args.num_clients, progress=False,
-                            log_every=10**6, sample_every=10**6, checkpoint_every=10**6, eval=False)
+    base = ExperimentConfig(
+        steps=args.steps,
+        model=args.model,
+        batch_size=args.batch_size,
+        n_critic=args.n_critic,
+        num_clients=args.num_clients,
+        progress=False,
+        log_every=10**6,
+        sample_every=10**6,
+        checkpoint_every=10**6,
+        eval=False,
+    )
     results = {name: run_variant(base.replace(**changes)) for name, changes in VARIANTS.items()}
-    out = {"config": base.to_dict(), "variants": {n: {"changes": VARIANTS[n], "bytes_per_step": r}
-                                                  for n, r in results.items()},
-           "definition": "CT: serialized Flower message bytes per generator step per participating client "
-                         "(down + up), counted by protos.wire.message_wire_bytes"}
+    out = {
+        "config": base.to_dict(),
+        "variants": {n: {"changes": VARIANTS[n], "bytes_per_step": r} for n, r in results.items()},
+        "definition": "CT: serialized Flower message bytes per generator step per participating client "
+        "(down + up), counted by protos.wire.message_wire_bytes",
+    }
     path = ROOT / "bench" / "results" / "lean_wire.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     cts = ", ".join(f"{name} {r['total']:.4g}" for name, r in results.items())
-    print(f"lean_wire (B={args.batch_size}, n_critic={args.n_critic}, {args.model}, {args.steps} steps): "
-          f"CT bytes/step {cts} -> {path.relative_to(ROOT)}")
+    print(
+        f"lean_wire (B={args.batch_size}, n_critic={args.n_critic}, {args.model}, {args.steps} steps): "
+        f"CT bytes/step {cts} -> {path.relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

@@ -134,8 +134,23 @@ def run_arm(transport: str, k: int, steps: int, skip: int, timeout_s: float, thr
     """One arm in a fresh child process; returns the child's figures plus the tree's peak memory."""
     with tempfile.TemporaryDirectory(prefix="fedgan-scale-") as tmp:
         result_path = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--child", "--transport", transport, "--k", str(k),
-               "--steps", str(steps), "--skip", str(skip), "--result", str(result_path), "--workdir", tmp]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--transport",
+            transport,
+            "--k",
+            str(k),
+            "--steps",
+            str(steps),
+            "--skip",
+            str(skip),
+            "--result",
+            str(result_path),
+            "--workdir",
+            tmp,
+        ]
         started = time.monotonic()
         child = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(threads))
         sampler = TreeSampler(child.pid)
@@ -146,13 +161,21 @@ def run_arm(transport: str, k: int, steps: int, skip: int, timeout_s: float, thr
             sampler.done.set()
             sampler.join()
         if rc != 0 or not result_path.exists():
-            return {"transport": transport, "k": k, "error": f"child exited with {rc}",
-                    "elapsed_s": time.monotonic() - started}
+            return {
+                "transport": transport,
+                "k": k,
+                "error": f"child exited with {rc}",
+                "elapsed_s": time.monotonic() - started,
+            }
         result = json.loads(result_path.read_text())
     top = sorted(sampler.peak_by_process.items(), key=lambda kv: -kv[1])[:6]
-    result.update(peak_rss_sum_mib=round(sampler.peak_rss / MIB, 1), peak_pss_sum_mib=round(sampler.peak_pss / MIB, 1),
-                  peak_processes=sampler.peak_processes, elapsed_s=round(time.monotonic() - started, 2),
-                  pss_at_peak_mib={name: round(v / MIB, 1) for name, v in top})
+    result.update(
+        peak_rss_sum_mib=round(sampler.peak_rss / MIB, 1),
+        peak_pss_sum_mib=round(sampler.peak_pss / MIB, 1),
+        peak_processes=sampler.peak_processes,
+        elapsed_s=round(time.monotonic() - started, 2),
+        pss_at_peak_mib={name: round(v / MIB, 1) for name, v in top},
+    )
     return result
 
 
@@ -213,7 +236,7 @@ def _phase(events: list[tuple[str, int, float, float]], kind: str) -> dict[str, 
 def _step_periods(events: list[tuple[str, int, float, float]], skip: int) -> list[float]:
     """Seconds between the starts of consecutive generator-step exchanges, after ``skip`` steps."""
     starts = [e[2] for e in events if e[0].startswith("train.")]
-    return [b - a for a, b in zip(starts, starts[1:])][skip:]
+    return [b - a for a, b in zip(starts, starts[1:], strict=False)][skip:]
 
 
 def _disk_bytes(path: Path) -> tuple[int, int]:
@@ -247,29 +270,48 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
     periods = _step_periods(events, args.skip)
     disk, files = _disk_bytes(run.state_dir)
     first_step = next(e[2] for e in events if e[0].startswith("train."))
-    Path(args.result).write_text(json.dumps({
-        "transport": args.transport, "k": args.k, "steps": summary["steps_completed"],
-        "step_s_median": statistics.median(periods),
-        "step_s_mean": statistics.fmean(periods),
-        "step_cpu_s": holder["t"].cpu_per_step_s(),
-        "loop_step_latency_median_s": summary["step_latency_s"]["median"],
-        "loop_wall_per_step_s": summary["wall_s"] / max(summary["steps_completed"], 1),
-        "startup_s": round(first_step, 3),
-        "hello": _phase(events, "query.hello"),
-        "ledger_fetch": _phase(events, "query.ledger"),
-        "total_s": round(time.monotonic() - t0, 3),
-        "state_disk_bytes": disk, "state_files": files,
-    }))
+    Path(args.result).write_text(
+        json.dumps(
+            {
+                "transport": args.transport,
+                "k": args.k,
+                "steps": summary["steps_completed"],
+                "step_s_median": statistics.median(periods),
+                "step_s_mean": statistics.fmean(periods),
+                "step_cpu_s": holder["t"].cpu_per_step_s(),
+                "loop_step_latency_median_s": summary["step_latency_s"]["median"],
+                "loop_wall_per_step_s": summary["wall_s"] / max(summary["steps_completed"], 1),
+                "startup_s": round(first_step, 3),
+                "hello": _phase(events, "query.hello"),
+                "ledger_fetch": _phase(events, "query.ledger"),
+                "total_s": round(time.monotonic() - t0, 3),
+                "state_disk_bytes": disk,
+                "state_files": files,
+            }
+        )
+    )
 
 
 def scale_config(k: int, steps: int, out: Path):
     """The benchmark's configuration: all K writers of (synthetic) federated EMNIST, m = 1."""
     from common.config import ExperimentConfig
 
-    return ExperimentConfig(dataset="synthetic", partition="writer", synthetic_writers=k, num_clients=k,
-                            model="small", batch_size=32, n_critic=5, clients_per_step=1, steps=steps,
-                            out=str(out), progress=False, eval=False, sample_every=10**6,
-                            checkpoint_every=10**6)
+    return ExperimentConfig(
+        dataset="synthetic",
+        partition="writer",
+        synthetic_writers=k,
+        num_clients=k,
+        model="small",
+        batch_size=32,
+        n_critic=5,
+        clients_per_step=1,
+        steps=steps,
+        out=str(out),
+        progress=False,
+        eval=False,
+        sample_every=10**6,
+        checkpoint_every=10**6,
+    )
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -278,8 +320,10 @@ def scale_config(k: int, steps: int, out: Path):
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (transport, K) over its repeats, with step times relative to the smallest K."""
     arms = sorted({(r["transport"], r["k"]) for r in runs})
-    rows = [_summary_row(t, k, [r for r in runs if (r["transport"], r["k"]) == (t, k) and "error" not in r])
-            for t, k in arms]
+    rows = [
+        _summary_row(t, k, [r for r in runs if (r["transport"], r["k"]) == (t, k) and "error" not in r])
+        for t, k in arms
+    ]
     for row in rows:
         base = next((b for b in rows if b["transport"] == row["transport"] and "error" not in b), None)
         if "error" not in row and base is not None:
@@ -298,7 +342,9 @@ def _summary_row(transport: str, k: int, ok: list[dict[str, Any]]) -> dict[str, 
         return statistics.median(get(r) for r in ok)
 
     return {
-        "transport": transport, "k": k, "repeats": len(ok),
+        "transport": transport,
+        "k": k,
+        "repeats": len(ok),
         "step_s": med(lambda r: r["step_s_median"]),
         "step_s_each_repeat": [round(r["step_s_median"], 4) for r in ok],
         "step_cpu_s": med(lambda r: r["step_cpu_s"]) if all(r["step_cpu_s"] for r in ok) else None,
@@ -320,9 +366,11 @@ def _line(rows: list[dict[str, Any]]) -> str:
             parts.append(f"{r['transport']} K={r['k']}: {r['error']}")
             continue
         cpu = f", cpu x{r['step_cpu_ratio']:.2f}" if "step_cpu_ratio" in r else ""
-        parts.append(f"{r['transport']} K={r['k']}: {r['step_s'] * 1e3:.0f} ms/step (x{r['step_ratio']:.2f}{cpu}), "
-                     f"PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_sum_mib']:.0f}), "
-                     f"start-up {r['startup_s']:.1f} s, disk {r['state_disk_mib']:.1f} MiB")
+        parts.append(
+            f"{r['transport']} K={r['k']}: {r['step_s'] * 1e3:.0f} ms/step (x{r['step_ratio']:.2f}{cpu}), "
+            f"PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_sum_mib']:.0f}), "
+            f"start-up {r['startup_s']:.1f} s, disk {r['state_disk_mib']:.1f} MiB"
+        )
     return "scale: " + "; ".join(parts)
 
 
@@ -333,8 +381,9 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=5, help="first steps left out of the step time")
     parser.add_argument("--transports", default="flower,inprocess")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all arms, interleaved")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="intra-op threads per process (0: the project's defaults); see above")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads per process (0: the project's defaults); see above"
+    )
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -346,13 +395,27 @@ def main() -> None:
     if args.child:
         return child_main(args, T0)
     arms = [(t, k) for t in args.transports.split(",") for k in map(int, args.ks.split(","))]
-    runs = [run_arm(t, k, args.steps, args.skip, args.timeout_s, args.threads)
-            for _ in range(args.repeats) for t, k in arms]
+    runs = [
+        run_arm(t, k, args.steps, args.skip, args.timeout_s, args.threads) for _ in range(args.repeats) for t, k in arms
+    ]
     rows = summarize(runs)
-    out = {"config": {"steps": args.steps, "skip": args.skip, "repeats": args.repeats, "model": "small",
-                      "batch_size": 32, "n_critic": 5, "clients_per_step": 1, "sample_every_s": SAMPLE_EVERY_S,
-                      "cpus": os.cpu_count(), "threads": args.threads, "load_average_at_end": os.getloadavg()},
-           "summary": rows, "runs": runs}
+    out = {
+        "config": {
+            "steps": args.steps,
+            "skip": args.skip,
+            "repeats": args.repeats,
+            "model": "small",
+            "batch_size": 32,
+            "n_critic": 5,
+            "clients_per_step": 1,
+            "sample_every_s": SAMPLE_EVERY_S,
+            "cpus": os.cpu_count(),
+            "threads": args.threads,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "summary": rows,
+        "runs": runs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(_line(rows) + f" -> {args.out}", flush=True)

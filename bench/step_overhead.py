@@ -38,10 +38,12 @@ def one_arm(arm: str, cfg: ExperimentConfig) -> dict:
         summary, error = runner(cfg, run, False)
         if error is not None:
             raise error
-        return {"step_s": summary["wall_s"] / summary["steps_completed"],
-                "steady_step_s": steady_step_s(run.path / "metrics.jsonl"),
-                "total_s": time.monotonic() - started,
-                "bytes_per_step": summary["comm"]["bytes_per_step"]}
+        return {
+            "step_s": summary["wall_s"] / summary["steps_completed"],
+            "steady_step_s": steady_step_s(run.path / "metrics.jsonl"),
+            "total_s": time.monotonic() - started,
+            "bytes_per_step": summary["comm"]["bytes_per_step"],
+        }
 
 
 def steady_step_s(metrics_path: Path) -> float:
@@ -64,8 +66,17 @@ def main() -> None:
     policy = Path(tempfile.mkdtemp()) / "allow-nonprivate.toml"
     policy.write_text("allow-nonprivate = true\n")
     os.environ["FEDGAN_NODE_POLICY"] = str(policy)
-    cfg = ExperimentConfig(steps=args.steps, model=args.model, num_clients=args.num_clients, noise_seed=1,
-                           sampling_seed=1, progress=False, sample_every=10**6, checkpoint_every=10**6, eval=False)
+    cfg = ExperimentConfig(
+        steps=args.steps,
+        model=args.model,
+        num_clients=args.num_clients,
+        noise_seed=1,
+        sampling_seed=1,
+        progress=False,
+        sample_every=10**6,
+        checkpoint_every=10**6,
+        eval=False,
+    )
     results: dict[str, list[dict]] = {"inprocess": [], "flower": []}
     for _ in range(args.repeats):
         for arm in results:
@@ -75,8 +86,9 @@ def main() -> None:
     ct = results["flower"][0]["bytes_per_step"]
     # Flower assigns random 64-bit run/node ids (varints of 9 or 10 bytes), so arms may differ by a
     # few bytes per message; report the largest relative difference rather than claim equality.
-    rel_diff = max(abs(r["bytes_per_step"][k] - ct[k]) / ct[k]
-                   for runs in results.values() for r in runs for k in ("down", "up"))
+    rel_diff = max(
+        abs(r["bytes_per_step"][k] - ct[k]) / ct[k] for runs in results.values() for r in runs for k in ("down", "up")
+    )
     out = {
         "config": cfg.to_dict(),
         "runs": results,
@@ -90,12 +102,14 @@ def main() -> None:
     path = ROOT / "bench" / "results" / "step_overhead.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"step_overhead: in-process {med['inprocess']*1e3:.0f} ms/step, flower simulation "
-          f"{med['flower']*1e3:.0f} ms/step, ratio {out['ratio_flower_over_inprocess']:.2f}x "
-          f"(steady state {steady['inprocess']*1e3:.0f} vs {steady['flower']*1e3:.0f} ms, "
-          f"{out['steady_ratio_flower_over_inprocess']:.2f}x); "
-          f"CT down {ct['down']:,.0f} B up {ct['up']:,.0f} B per step (arms differ by at most {rel_diff:.1e}) "
-          f"-> {path.relative_to(ROOT)}")
+    print(
+        f"step_overhead: in-process {med['inprocess'] * 1e3:.0f} ms/step, flower simulation "
+        f"{med['flower'] * 1e3:.0f} ms/step, ratio {out['ratio_flower_over_inprocess']:.2f}x "
+        f"(steady state {steady['inprocess'] * 1e3:.0f} vs {steady['flower'] * 1e3:.0f} ms, "
+        f"{out['steady_ratio_flower_over_inprocess']:.2f}x); "
+        f"CT down {ct['down']:,.0f} B up {ct['up']:,.0f} B per step (arms differ by at most {rel_diff:.1e}) "
+        f"-> {path.relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,7 @@ def handle_hello(message: Message, context: Context) -> Message:
         return wire.reply(HelloReply(client_id=cid, refused=True, reason=refusal), message)
     state_dir = str(context.node_config.get("state-dir") or hello.state_dir)
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
-    context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir,
-                                             "version": version})
+    context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir, "version": version})
     return wire.reply(_ledger_summary(cfg, cid, state_dir, version), message)
 
 
@@ -107,12 +106,19 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     if problem:
         value, reason = None, f"client {state.client_id} refuses: {problem}"
     else:
-        value, reason = noisy_accuracy(state, node.cfg, query.classifier, num_classes=num_classes_for(node.cfg),
-                                       noise_multiplier=query.noise_multiplier, policy=policy)
+        value, reason = noisy_accuracy(
+            state,
+            node.cfg,
+            query.classifier,
+            num_classes=num_classes_for(node.cfg),
+            noise_multiplier=query.noise_multiplier,
+            policy=policy,
+        )
     if value is not None:
         node.persist(state)
-    reply = AccuracyReply(client_id=state.client_id, accuracy=-1.0 if value is None else value,
-                          refused=value is None, reason=reason)
+    reply = AccuracyReply(
+        client_id=state.client_id, accuracy=-1.0 if value is None else value, refused=value is None, reason=reason
+    )
     return wire.reply(reply, message)
 
 
@@ -130,11 +136,23 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     if is_running(run_id, node_id):
         return wire.reply(DataplaneReply(status="already running"), message)
     address = str(context.node_config.get("dataplane-address") or start.address)
-    spec = {"address": address, "token": start.token, "run_id": run_id, "node_id": node_id,
-            "ca": start.ca, "idle_s": start.idle_s, "node_config": dict(context.node_config)}
+    spec = {
+        "address": address,
+        "token": start.token,
+        "run_id": run_id,
+        "node_id": node_id,
+        "ca": start.ca,
+        "idle_s": start.idle_s,
+        "node_config": dict(context.node_config),
+    }
     with open(log_path(run_id, node_id), "ab") as log:  # is_running made the folder
-        worker = subprocess.Popen([sys.executable, "-m", "client.worker"], stdin=subprocess.PIPE, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "client.worker"],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     worker.stdin.write(json.dumps(spec).encode())
     worker.stdin.close()
     return wire.reply(DataplaneReply(status="started", pid=worker.pid), message)

@@ -80,8 +80,10 @@ class Node:
 
     def __init__(self, context: Context) -> None:
         if STATE_KEY not in context.state:
-            raise RuntimeError("this node received a query before the run's hello message; the server "
-                               "sends the run configuration in a query.hello to every node first")
+            raise RuntimeError(
+                "this node received a query before the run's hello message; the server "
+                "sends the run configuration in a query.hello to every node first"
+            )
         self.context = context
         self.record: ConfigRecord = context.state.config_records[STATE_KEY]
 

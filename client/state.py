@@ -23,9 +23,10 @@ from __future__ import annotations
 import copy
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ CACHE_SIZE = 32
 STATE_FORMAT = "fedgan.client_state/2"  # files without "format" are version 1 (no stored partition)
 
 
-_CACHE: "OrderedDict[tuple[str, int], ClientState]" = OrderedDict()
+_CACHE: OrderedDict[tuple[str, int], ClientState] = OrderedDict()
 _SKELETONS: dict[tuple[str, int], torch.nn.Module] = {}
 
 
@@ -125,9 +126,11 @@ def _read_blob(path: Path, client_id: int, *, mmap: bool = False) -> dict[str, A
         if int(blob["client_id"]) != client_id:
             raise ValueError(f"it holds client {blob['client_id']}, not {client_id}")
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user
-        raise RuntimeError(f"client state file {path} is unreadable ({_first_line(err)}); it holds this "
-                           "client's privacy ledger: restore it from a backup, or run with a new state "
-                           "directory (the spent privacy stays on record)") from err
+        raise RuntimeError(
+            f"client state file {path} is unreadable ({_first_line(err)}); it holds this "
+            "client's privacy ledger: restore it from a backup, or run with a new state "
+            "directory (the spent privacy stays on record)"
+        ) from err
     return blob
 
 
@@ -148,15 +151,25 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
         data_rng.set_state(blob["data_rng"])
         ledger = PrivacyLedger.from_state_dict(blob["ledger"])
     except Exception as err:  # noqa: BLE001 - e.g. a file written under another model preset
-        raise RuntimeError(f"client state file {path} does not fit this run's configuration "
-                           f"({_first_line(err)}); run with a new state directory (this file keeps the "
-                           "client's privacy ledger: do not delete it)") from err
+        raise RuntimeError(
+            f"client state file {path} does not fit this run's configuration "
+            f"({_first_line(err)}); run with a new state directory (this file keeps the "
+            "client's privacy ledger: do not delete it)"
+        ) from err
     stored = blob.get("data")
     data, key = _partition(cfg, client_id, stored)
-    return ClientState(client_id=client_id, discriminator=disc, optimizer=optimizer, ledger=ledger,
-                       data_rng=data_rng, data=data, version=int(blob["version"]),
-                       warmed_up=bool(blob["warmed_up"]), data_key=key,
-                       packed_data=stored if stored is not None and stored.get("key") == key else None)
+    return ClientState(
+        client_id=client_id,
+        discriminator=disc,
+        optimizer=optimizer,
+        ledger=ledger,
+        data_rng=data_rng,
+        data=data,
+        version=int(blob["version"]),
+        warmed_up=bool(blob["warmed_up"]),
+        data_key=key,
+        packed_data=stored if stored is not None and stored.get("key") == key else None,
+    )
 
 
 def _partition(cfg: ExperimentConfig, client_id: int, stored: dict[str, Any] | None) -> tuple[ClientData, str]:
@@ -164,8 +177,9 @@ def _partition(cfg: ExperimentConfig, client_id: int, stored: dict[str, Any] | N
     else the partition loaded afresh (files of format 1 hold none)."""
     key = partition_key(cfg)
     if stored is not None and stored.get("key") == key:
-        data = client_data_from_arrays(stored["images"], stored["labels"], client_id=client_id,
-                                       inverted=bool(stored["inverted"]))
+        data = client_data_from_arrays(
+            stored["images"], stored["labels"], client_id=client_id, inverted=bool(stored["inverted"])
+        )
         return data, key
     images, labels, inverted = client_arrays(cfg, client_id)
     return client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted), key

@@ -60,7 +60,10 @@ def _channel(address: str, ca: str):
 
     from common.net import MAX_GRPC_MESSAGE, is_loopback
 
-    options = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE), ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE)]
+    options = [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+    ]
     if ca:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca.encode()), options)
     if not is_loopback(address.rsplit(":", 1)[0].strip("[]")):
@@ -78,8 +81,13 @@ class Worker:
         self.spec = spec
         self.app = app
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = spec["run_id"], spec["node_id"], 1
-        self.context = Context(run_id=spec["run_id"], node_id=spec["node_id"], node_config=spec["node_config"],
-                               state=RecordDict(), run_config={})
+        self.context = Context(
+            run_id=spec["run_id"],
+            node_id=spec["node_id"],
+            node_config=spec["node_config"],
+            state=RecordDict(),
+            run_config={},
+        )
         self.outbox: queue.Queue = queue.Queue()
         self.last_heard = time.monotonic()
 
@@ -88,8 +96,11 @@ class Worker:
         from protos import dataplane_pb2_grpc as pb_grpc
 
         channel = _channel(self.spec["address"], self.spec.get("ca", ""))
-        self.outbox.put(pb.NodeMessage(hello=pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"],
-                                                      token=self.spec["token"])))
+        self.outbox.put(
+            pb.NodeMessage(
+                hello=pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"], token=self.spec["token"])
+            )
+        )
         call = pb_grpc.DataPlaneStub(channel).Connect(self._requests())
         threading.Thread(target=self._watchdog, args=(call,), daemon=True).start()
         try:
@@ -124,8 +135,8 @@ class Worker:
         from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
         from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-        from protos.wire import runtime_message
         from protos import dataplane_pb2 as pb
+        from protos.wire import runtime_message
 
         proto = RecordDictProto()
         proto.ParseFromString(request.content)
@@ -136,8 +147,11 @@ class Worker:
             return pb.Envelope(seq=request.seq, message_type=request.message_type, error=f"{type(err).__name__}: {err}")
         if reply.has_error():
             return pb.Envelope(seq=request.seq, message_type=request.message_type, error=reply.error.reason)
-        return pb.Envelope(seq=request.seq, message_type=request.message_type,
-                           content=recorddict_to_proto(reply.content).SerializeToString())
+        return pb.Envelope(
+            seq=request.seq,
+            message_type=request.message_type,
+            content=recorddict_to_proto(reply.content).SerializeToString(),
+        )
 
 
 def main() -> int:

@@ -9,7 +9,8 @@ says how (``calibrate`` in ``common/methods/<name>.py``); the helpers it uses ar
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from common.privacy import PrivacyEvent, PrivacyLedger
 
@@ -20,13 +21,15 @@ if TYPE_CHECKING:  # a type only: common.config imports the methods, which impor
 def ledger_epsilon(noise_multiplier: float, sample_rate: float, count: int, delta: float) -> float:
     """ε of ``count`` Gaussian releases (Poisson-subsampled at ``sample_rate`` < 1), from a ledger."""
     sampling = "poisson" if sample_rate < 1 else "none"
-    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                                         count=count, sampling=sampling)])
+    ledger = PrivacyLedger(
+        [PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate, count=count, sampling=sampling)]
+    )
     return ledger.epsilon(delta=delta)
 
 
-def smallest_noise(epsilon_of: Callable[[float], float], target: float, *, low: float = 1e-3, high: float = 1e4,
-                   rel: float = 1e-4) -> float:
+def smallest_noise(
+    epsilon_of: Callable[[float], float], target: float, *, low: float = 1e-3, high: float = 1e4, rel: float = 1e-4
+) -> float:
     """Smallest noise multiplier whose ε (a decreasing function) is ≤ target, by bisection."""
     if epsilon_of(high) > target:
         raise ValueError(f"target ε={target} is out of reach even with noise multiplier {high}")

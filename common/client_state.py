@@ -39,7 +39,6 @@ class ClientState:
     packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
 
 
-
 def adam_for(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
 

@@ -91,8 +91,7 @@ class GsAnswer:
     def decoded(self, *, batch_size: int, step: int) -> GsAnswer:
         """The answer with its gradients as float32 (None for a refusal), validated against the
         query it answers (``validate_answer``)."""
-        return dataclasses.replace(self, grad=validate_answer(self, batch_size=batch_size, step=step),
-                                   grad_encoding="")
+        return dataclasses.replace(self, grad=validate_answer(self, batch_size=batch_size, step=step), grad_encoding="")
 
 
 # --- casts ----------------------------------------------------------------------------------------
@@ -174,13 +173,16 @@ def _unshuffle_bytes(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.
 
 
 # --- decoding and validation ----------------------------------------------------------------------
-def unpack_array(name: str, data: np.ndarray, encoding: str, *, shape: tuple[int, ...],
-                 allowed: tuple[str, ...]) -> np.ndarray:
+def unpack_array(
+    name: str, data: np.ndarray, encoding: str, *, shape: tuple[int, ...], allowed: tuple[str, ...]
+) -> np.ndarray:
     """Wire array + tag -> the array in the tagged dtype and the expected shape, or PayloadError."""
     dtype_name, _, compression = (encoding or np.asarray(data).dtype.name).partition("+")
     if dtype_name not in allowed or compression not in ("", DEFLATE):
-        raise PayloadError(f"{name} has unknown encoding {encoding or dtype_name!r}; expected one of "
-                           f"{', '.join(allowed)}, optionally +{DEFLATE}")
+        raise PayloadError(
+            f"{name} has unknown encoding {encoding or dtype_name!r}; expected one of "
+            f"{', '.join(allowed)}, optionally +{DEFLATE}"
+        )
     dtype = np.dtype(dtype_name)
     if compression:
         return _inflate(name, data, dtype, shape)
@@ -194,22 +196,28 @@ def _inflate(name: str, blob: np.ndarray, dtype: np.dtype, shape: tuple[int, ...
     """Inflate at most the expected byte count: more is a decompression bomb, less is truncation."""
     expected = int(np.prod(shape)) * dtype.itemsize
     if blob.dtype != np.uint8 or blob.ndim != 1:
-        raise PayloadError(f"{name}: a {DEFLATE} payload must be a 1-D uint8 array, got {blob.dtype} "
-                           f"of shape {tuple(blob.shape)}")
+        raise PayloadError(
+            f"{name}: a {DEFLATE} payload must be a 1-D uint8 array, got {blob.dtype} of shape {tuple(blob.shape)}"
+        )
     if blob.size > expected:
-        raise PayloadError(f"{name}: compressed payload of {blob.size} bytes exceeds the {expected} "
-                           "bytes of the raw array (oversized)")
+        raise PayloadError(
+            f"{name}: compressed payload of {blob.size} bytes exceeds the {expected} bytes of the raw array (oversized)"
+        )
     inflater = zlib.decompressobj()
     try:
         raw = inflater.decompress(blob.tobytes(), expected + 1)
     except zlib.error as err:
         raise PayloadError(f"{name}: corrupt {DEFLATE} stream ({err})") from err
     if len(raw) > expected or inflater.unconsumed_tail:
-        raise PayloadError(f"{name}: {DEFLATE} payload inflates beyond the expected {expected} bytes "
-                           "(rejected as a decompression bomb)")
+        raise PayloadError(
+            f"{name}: {DEFLATE} payload inflates beyond the expected {expected} bytes "
+            "(rejected as a decompression bomb)"
+        )
     if len(raw) < expected or not inflater.eof or inflater.unused_data:
-        raise PayloadError(f"{name}: {DEFLATE} payload inflates to {len(raw)} bytes, expected exactly "
-                           f"{expected} in one complete stream (truncated or trailing data)")
+        raise PayloadError(
+            f"{name}: {DEFLATE} payload inflates to {len(raw)} bytes, expected exactly "
+            f"{expected} in one complete stream (truncated or trailing data)"
+        )
     return _unshuffle_bytes(raw, dtype, shape)
 
 
@@ -237,13 +245,13 @@ def decode_labels(labels: np.ndarray, *, count: int, num_classes: int) -> np.nda
         raise PayloadError(f"labels have dtype {labels.dtype}, expected an integer dtype")
     _check_shape("labels", labels, (count,))
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise PayloadError(f"labels must lie in [0, {num_classes}), got range "
-                           f"[{labels.min()}, {labels.max()}]")
+        raise PayloadError(f"labels must lie in [0, {num_classes}), got range [{labels.min()}, {labels.max()}]")
     return labels.astype(np.int64)
 
 
-def validate_query(query: GsQuery, *, n_critic: int, num_classes: int,
-                   critic_fakes: str = "fresh") -> tuple[np.ndarray, np.ndarray]:
+def validate_query(
+    query: GsQuery, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh"
+) -> tuple[np.ndarray, np.ndarray]:
     """Check a query against what the client's configuration expects.
 
     Returns the decoded (float32 samples, int64 labels), so that the client trains and
@@ -268,8 +276,7 @@ def validate_answer(answer: GsAnswer, *, batch_size: int, step: int) -> np.ndarr
     grad = decode_grads(answer.grad, answer.grad_encoding, batch_size=batch_size)
     if not (answer.noise_multiplier >= 0 and 0 < answer.sample_rate <= 1):
         raise PayloadError(
-            f"invalid privacy event: noise_multiplier={answer.noise_multiplier}, "
-            f"sample_rate={answer.sample_rate}"
+            f"invalid privacy event: noise_multiplier={answer.noise_multiplier}, sample_rate={answer.sample_rate}"
         )
     return grad
 

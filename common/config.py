@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from common.methods import METHODS, core
 from common.options import ConfigError, check, check_all, check_choice, check_finite, option
@@ -38,8 +39,11 @@ class RunOptions:
     # --- what to run -------------------------------------------------------------------------
     strategy: str = option("gswgan", f"training strategy, one of {', '.join(METHODS)}")
     steps: int = option(300, "number of generator steps to run (one sanitized query per sampled client each)")
-    seed: int = option(0, "seed of the public randomness (latents, labels, initial weights) and the data; "
-                   "the sampling that privacy relies on never uses it (see sampling-seed)")
+    seed: int = option(
+        0,
+        "seed of the public randomness (latents, labels, initial weights) and the data; "
+        "the sampling that privacy relies on never uses it (see sampling-seed)",
+    )
     # --- data --------------------------------------------------------------------------------
     dataset: str = option("synthetic", f"data set, one of {', '.join(DATASETS)}")
     data_dir: str = option(
@@ -80,42 +84,50 @@ class RunOptions:
     drift: float = option(1e-3, "drift penalty weight on E[D(x)^2] of real samples")
     ema_decay: float = option(0.999, "decay of the generator's exponential moving average (the released G)")
     noise_seed: int = option(
-        -1, "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default); "
+        -1,
+        "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default); "
         "the noise is then recomputable, every epsilon is unbounded (NOT PRIVATE) and nodes refuse it "
-        "unless their privacy policy allows non-private options"
+        "unless their privacy policy allows non-private options",
     )
     sampling_seed: int = option(
-        -1, "TESTING ONLY: seed the server's client sampling and DPGAN's Poisson batches (-1: secret, from "
-        "the OS CSPRNG, the private default); voids every epsilon that relies on amplification by subsampling"
+        -1,
+        "TESTING ONLY: seed the server's client sampling and DPGAN's Poisson batches (-1: secret, from "
+        "the OS CSPRNG, the private default); voids every epsilon that relies on amplification by subsampling",
     )
     target_epsilon: float = option(
-        0.0, "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
+        0.0,
+        "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
         "planned steps (gswgan: per-client, also sets the client budget; dpgan: example-level; "
-        "fedavg-gan: trusted-server user-level); 0: use the configured noise"
+        "fedavg-gan: trusted-server user-level); 0: use the configured noise",
     )
     # --- accounting ----------------------------------------------------------------------------
     accountant: str = option(
-        "rdp", "accountant of the headline epsilon, rdp or prv (both are reported; where PRV has no sound "
-        "value, e.g. sampling without replacement or a huge epsilon, the headline falls back to RDP and says so)"
+        "rdp",
+        "accountant of the headline epsilon, rdp or prv (both are reported; where PRV has no sound "
+        "value, e.g. sampling without replacement or a huge epsilon, the headline falls back to RDP and says so)",
     )
     reply_timeout_s: float = option(
-        300.0, "seconds the server waits for a message's replies; a client silent that long is marked "
-        "failed and not asked again (a dead SuperNode), and the run goes on with the others"
+        300.0,
+        "seconds the server waits for a message's replies; a client silent that long is marked "
+        "failed and not asked again (a dead SuperNode), and the run goes on with the others",
     )
     # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
     dataplane: str = option(
-        "flower", "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
+        "flower",
+        "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
         "per node (Flower as control plane; the default of `fedgan deploy`); flower = every message through "
-        "Flower's runtime (seconds each; the default of a plain `flwr run`, which also serves Flower's simulation)"
+        "Flower's runtime (seconds each; the default of a plain `flwr run`, which also serves Flower's simulation)",
     )
     dataplane_bind: str = option("127.0.0.1", "deployments: address the ServerApp's data-plane server listens on")
     dataplane_port: int = option(0, "deployments: data-plane port (0: any free port)")
     dataplane_address: str = option(
-        "", "deployments: host the workers dial (empty: the bind address); a node may override it with "
-        "dataplane-address=HOST:PORT in its node config"
+        "",
+        "deployments: host the workers dial (empty: the bind address); a node may override it with "
+        "dataplane-address=HOST:PORT in its node config",
     )
-    dataplane_tls_cert: str = option("", "deployments: PEM certificate of the data-plane server (TLS; required "
-                                 "beyond loopback)")
+    dataplane_tls_cert: str = option(
+        "", "deployments: PEM certificate of the data-plane server (TLS; required beyond loopback)"
+    )
     dataplane_tls_key: str = option("", "deployments: PEM private key of the data-plane server")
     dataplane_tls_ca: str = option("", "deployments: PEM CA the workers verify the data-plane server with")
     dataplane_idle_s: float = option(
@@ -208,9 +220,15 @@ class _Config:
 def _compose() -> type:
     """``ExperimentConfig``: the run's options first, then each registered method's section."""
     sections = tuple(core(name).Options for name in METHODS)
-    cls = type("ExperimentConfig", (_Config, *reversed(sections), RunOptions),
-               {"__doc__": "Resolved options of one run (``config.json`` in the run directory holds exactly these).",
-                "__module__": __name__, "__qualname__": "ExperimentConfig"})
+    cls = type(
+        "ExperimentConfig",
+        (_Config, *reversed(sections), RunOptions),
+        {
+            "__doc__": "Resolved options of one run (``config.json`` in the run directory holds exactly these).",
+            "__module__": __name__,
+            "__qualname__": "ExperimentConfig",
+        },
+    )
     return dataclass(frozen=True)(cls)
 
 
@@ -252,38 +270,76 @@ def _check_subset(c: ExperimentConfig) -> None:
     try:
         ids = c.participants()
     except ValueError:
-        raise ConfigError(f"invalid client_subset={c.client_subset!r}: comma-separated integers expected")
-    check(all(0 <= i < c.num_clients for i in ids), "client_subset", c.client_subset,
-          f"ids must lie in [0, num_clients={c.num_clients})")
-    check(len(ids) >= c.clients_per_step, "client_subset", c.client_subset,
-          f"needs at least clients_per_step={c.clients_per_step} clients")
+        raise ConfigError(f"invalid client_subset={c.client_subset!r}: comma-separated integers expected") from None
+    check(
+        all(0 <= i < c.num_clients for i in ids),
+        "client_subset",
+        c.client_subset,
+        f"ids must lie in [0, num_clients={c.num_clients})",
+    )
+    check(
+        len(ids) >= c.clients_per_step,
+        "client_subset",
+        c.client_subset,
+        f"needs at least clients_per_step={c.clients_per_step} clients",
+    )
 
 
 def _validate(c: ExperimentConfig) -> None:
     """``RunOptions``' own checks (each method's section checks its own fields)."""
-    for name, choices in (("strategy", STRATEGIES), ("dataset", DATASETS), ("partition", PARTITIONS),
-                          ("model", MODELS), ("accountant", ACCOUNTANTS), ("dataplane", DATAPLANES)):
+    for name, choices in (
+        ("strategy", STRATEGIES),
+        ("dataset", DATASETS),
+        ("partition", PARTITIONS),
+        ("model", MODELS),
+        ("accountant", ACCOUNTANTS),
+        ("dataplane", DATAPLANES),
+    ):
         check_choice(c, name, choices)
     check_all(c, ("noise_seed", "sampling_seed"), lambda v: v >= -1, "must be -1 (secret) or a seed >= 0")
-    check_all(c, ("steps", "client_epsilon_budget", "target_epsilon", "eval_every", "gp_weight", "drift"),
-              lambda v: v >= 0, "must be >= 0")
-    check_all(c, ("num_clients", "batch_size", "log_every", "sample_every", "checkpoint_every"),
-              lambda v: v >= 1, "must be >= 1")
+    check_all(
+        c,
+        ("steps", "client_epsilon_budget", "target_epsilon", "eval_every", "gp_weight", "drift"),
+        lambda v: v >= 0,
+        "must be >= 0",
+    )
+    check_all(
+        c,
+        ("num_clients", "batch_size", "log_every", "sample_every", "checkpoint_every"),
+        lambda v: v >= 1,
+        "must be >= 1",
+    )
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
     check_all(c, ("z_dim", "dirichlet_alpha", "reply_timeout_s", "dataplane_idle_s"), lambda v: v > 0, "must be > 0")
     check_all(c, ("beta1", "beta2", "ema_decay"), lambda v: 0 <= v < 1, "must be in [0, 1)")
     check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")
     check(0 <= c.synthetic_writers <= 3400, "synthetic_writers", c.synthetic_writers, "must be in [0, 3400]")
-    check(c.synthetic_samples_per_writer >= 1, "synthetic_samples_per_writer", c.synthetic_samples_per_writer,
-          "must be >= 1")
+    check(
+        c.synthetic_samples_per_writer >= 1,
+        "synthetic_samples_per_writer",
+        c.synthetic_samples_per_writer,
+        "must be >= 1",
+    )
     check(0 <= c.dataplane_port < 65536, "dataplane_port", c.dataplane_port, "must be in [0, 65535]")
-    check(bool(c.dataplane_tls_cert) == bool(c.dataplane_tls_key), "dataplane_tls_cert", c.dataplane_tls_cert,
-          "give both dataplane-tls-cert and dataplane-tls-key, or neither")
+    check(
+        bool(c.dataplane_tls_cert) == bool(c.dataplane_tls_key),
+        "dataplane_tls_cert",
+        c.dataplane_tls_cert,
+        "give both dataplane-tls-cert and dataplane-tls-key, or neither",
+    )
     check_all(c, ("eval_samples", "eval_fid_samples"), lambda v: v >= 10, "must be >= 10")
     if c.dataset == "synthetic" and c.partition == "writer":
         writers = c.synthetic_writers or c.num_clients
-        check(writers >= c.num_clients, "num_clients", c.num_clients,
-              f"partition=writer needs one writer per client, but synthetic_writers={writers}")
-        check(c.batch_size <= c.synthetic_samples_per_writer, "batch_size", c.batch_size,
-              f"larger than a client's partition ({c.synthetic_samples_per_writer} images per writer)")
+        check(
+            writers >= c.num_clients,
+            "num_clients",
+            c.num_clients,
+            f"partition=writer needs one writer per client, but synthetic_writers={writers}",
+        )
+        check(
+            c.batch_size <= c.synthetic_samples_per_writer,
+            "batch_size",
+            c.batch_size,
+            f"larger than a client's partition ({c.synthetic_samples_per_writer} images per writer)",
+        )

@@ -138,8 +138,12 @@ class AggregationInfo:
         """One round of the Poisson-subsampled Gaussian: multiplier z, sample rate q = m/K."""
         if num_clients < self.num_sampled:
             raise ValueError(f"num_clients {num_clients} < num_sampled {self.num_sampled}")
-        return PrivacyEvent(noise_multiplier=self.noise_multiplier, sample_rate=self.num_sampled / num_clients,
-                            sampling="poisson", void=void)
+        return PrivacyEvent(
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.num_sampled / num_clients,
+            sampling="poisson",
+            void=void,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,9 +64,7 @@ def build_dpgan_discriminator(preset: str, *, num_classes: int = 10) -> Projecti
     if preset not in PRESET_SPECS:
         raise ValueError(f"unknown model preset {preset!r}")
     spec = PRESET_SPECS[preset][1]
-    return ProjectionDiscriminator(
-        DiscriminatorSpec(spec.channels, spectral_norm=False), num_classes=num_classes
-    )
+    return ProjectionDiscriminator(DiscriminatorSpec(spec.channels, spectral_norm=False), num_classes=num_classes)
 
 
 # --- per-row losses ----------------------------------------------------------------------------
@@ -219,9 +218,7 @@ class DpDiscriminatorTrainer:
         ns_row_losses(scores, is_real).sum().backward()
         return scores.detach()[real.shape[0] :]
 
-    def _wgan_gp_grad_samples(
-        self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor
-    ) -> Tensor:
+    def _wgan_gp_grad_samples(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> Tensor:
         alpha = torch.rand(real.shape[0], generator=self.generator)
         partners = interpolation_partners(real.shape[0], fake.shape[0], self.generator)
         grads = wgan_gp_sample_grads(

@@ -97,9 +97,7 @@ def critic_step(
 ) -> dict[str, float]:
     """One optimizer step of D on ``critic_loss``; returns its statistics (before the step)."""
     optimizer.zero_grad(set_to_none=True)
-    loss, stats = critic_loss(
-        D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator
-    )
+    loss, stats = critic_loss(D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator)
     loss.backward()
     optimizer.step()
     return stats

@@ -93,8 +93,12 @@ class AccuracyReply:
     reason: str
 
 
-SHARED = {HELLO: (Hello, HelloReply), LEDGER: (LedgerQuery, LedgerReply), DATAPLANE: (DataplaneStart, DataplaneReply),
-          ACCURACY: (AccuracyQuery, AccuracyReply)}
+SHARED = {
+    HELLO: (Hello, HelloReply),
+    LEDGER: (LedgerQuery, LedgerReply),
+    DATAPLANE: (DataplaneStart, DataplaneReply),
+    ACCURACY: (AccuracyQuery, AccuracyReply),
+}
 
 
 def catalogue() -> dict[str, tuple[type, type]]:

@@ -71,14 +71,17 @@ class CommCounter:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "down": dict(self.down), "up": dict(self.up),
-            "down_envelope": self.down_envelope, "up_envelope": self.up_envelope,
+            "down": dict(self.down),
+            "up": dict(self.up),
+            "down_envelope": self.down_envelope,
+            "up_envelope": self.up_envelope,
             "participations": self.participations,
-            "control_down": self.control_down, "control_up": self.control_up,
+            "control_down": self.control_down,
+            "control_up": self.control_up,
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> "CommCounter":
+    def from_state_dict(cls, state: dict[str, Any]) -> CommCounter:
         counter = cls()
         counter.down.update({int(k): v for k, v in state["down"].items()})
         counter.up.update({int(k): v for k, v in state["up"].items()})

@@ -81,9 +81,7 @@ def pixel_norm(x: Tensor, eps: float = _PIXEL_NORM_EPS) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
 
 
-def sample_latent(
-    batch_size: int, z_dim: int, *, generator: torch.Generator | None = None
-) -> Tensor:
+def sample_latent(batch_size: int, z_dim: int, *, generator: torch.Generator | None = None) -> Tensor:
     """Draw ``[batch_size, z_dim]`` latents with i.i.d. Bernoulli(0.5) entries in {0, 1}."""
     bits = torch.randint(0, 2, (batch_size, z_dim), generator=generator)
     return bits.to(torch.float32)
@@ -125,7 +123,7 @@ class ResNetGenerator(nn.Module):
         self.blocks = nn.Sequential(
             *(
                 UpBlock(c_in, c_out, sn=spec.spectral_norm)
-                for c_in, c_out in zip(spec.channels[:-1], spec.channels[1:])
+                for c_in, c_out in zip(spec.channels[:-1], spec.channels[1:], strict=False)
             )
         )
         # No padding: 32x32 -> 30x30, then cropped to 28x28 (as in the official code).
@@ -223,9 +221,7 @@ class GeneratorEMA:
 
     def update(self, model: nn.Module) -> float:
         """Fold ``model``'s current weights into the average; returns the decay applied."""
-        d = ema_update(
-            self.module, model, self.decay, step=self.num_updates if self.warmup else None
-        )
+        d = ema_update(self.module, model, self.decay, step=self.num_updates if self.warmup else None)
         self.num_updates += 1
         return d
 

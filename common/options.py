@@ -8,8 +8,9 @@ run_config keys are generated from those fields and their help texts.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import field, fields
-from typing import Any, Iterable
+from typing import Any
 
 
 class ConfigError(ValueError):

@@ -19,9 +19,15 @@ from common.privacy.sanitizer import release_noise_source
 SELECTION_STEP = -1  # noise stream id of the selection query (the GS-WGAN steps are >= 0)
 
 
-def noisy_accuracy(state: ClientState, cfg: ExperimentConfig, classifier_state: dict[str, torch.Tensor],
-                   *, num_classes: int, noise_multiplier: float,
-                   policy: NodePolicy | None = None) -> tuple[float | None, str]:
+def noisy_accuracy(
+    state: ClientState,
+    cfg: ExperimentConfig,
+    classifier_state: dict[str, torch.Tensor],
+    *,
+    num_classes: int,
+    noise_multiplier: float,
+    policy: NodePolicy | None = None,
+) -> tuple[float | None, str]:
     """The classifier's accuracy on this client's data plus N(0, (σ_sel/n)²), or a refusal reason.
 
     The server chooses σ_sel per query, so the node checks it against its own policy here."""

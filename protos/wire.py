@@ -1,11 +1,12 @@
 """The wire layer, shared by server and client: payload dataclasses <-> Flower records, and bytes.
 
 One generic codec (``encode``/``decode``) serves every message of ``common/messages.py`` and the
-methods' slices. A payload field travels by its annotation: scalars in the ``scalars`` ConfigRecord
-(None is left out, and only a field that may be None may be missing), numpy arrays as raw little-endian bytes in the ``arrays`` ArrayRecord, a torch
-state dict (``StateDict``) as its own ArrayRecord, statistics (``Stats``) as their own ConfigRecord
-when not empty. ``decode`` checks every field's presence and type, then the payload's own
-``decoded(**expect)``, so nothing malformed gets past it: anything wrong is a ``PayloadError``.
+methods' slices. A payload field travels by its annotation: scalars in the ``scalars``
+ConfigRecord (None is left out, and only a field that may be None may be missing), numpy arrays as
+raw little-endian bytes in the ``arrays`` ArrayRecord, a torch state dict (``StateDict``) as its own
+ArrayRecord, statistics (``Stats``) as their own ConfigRecord when not empty. ``decode`` checks
+every field's presence and type, and, given what the message must match, the payload's own
+``decoded(**expect)``: anything wrong is a ``PayloadError``.
 
 Byte counting reproduces what Flower 1.41's HTTP runtime sends for a message: the message proto
 without content (the envelope, with the 64-hex-digit object id as message id, as the deployment
@@ -44,7 +45,7 @@ P = TypeVar("P")
 
 
 # --- the generic codec ----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kinds(cls: type) -> dict[str, tuple[str, type]]:
     """field -> (how it travels, its Python type), from the dataclass's annotations."""
     out = {}
@@ -95,10 +96,14 @@ def decode(cls: type[P], content: RecordDict | None, **expect: Any) -> P:
         raise PayloadError(f"{cls.__name__}: the message lacks the {SCALARS_KEY!r} record")
     try:
         scalars = dict(content.config_records[SCALARS_KEY])
-        arrays = ({n: array_to_numpy(n, a) for n, a in content.array_records[ARRAYS_KEY].items()}
-                  if ARRAYS_KEY in content else {})
-        kwargs = {name: _field(cls, name, kind, py, content, scalars, arrays)
-                  for name, (kind, py) in _kinds(cls).items()}
+        arrays = (
+            {n: array_to_numpy(n, a) for n, a in content.array_records[ARRAYS_KEY].items()}
+            if ARRAYS_KEY in content
+            else {}
+        )
+        kwargs = {
+            name: _field(cls, name, kind, py, content, scalars, arrays) for name, (kind, py) in _kinds(cls).items()
+        }
         kwargs = {k: v for k, v in kwargs.items() if v is not dataclasses.MISSING}
         payload = cls(**kwargs)
     except PayloadError:
@@ -117,13 +122,13 @@ def _field(cls: type, name: str, kind: str, py: type, content: RecordDict, scala
     elif kind == "state":
         value = content.array_records[name].to_torch_state_dict() if name in content else dataclasses.MISSING
     else:
-        value = ({k: float(v) for k, v in content.config_records[name].items()} if name in content else {})
+        value = {k: float(v) for k, v in content.config_records[name].items()} if name in content else {}
     if value is dataclasses.MISSING and _required(cls, name):
         raise PayloadError(f"{cls.__name__} lacks field {name!r}")
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _required(cls: type, name: str) -> bool:
     """Every field must be on the wire but those that may be None (left out when they are) and
     statistics (left out when empty): a default is for building a payload, never for a missing field."""
@@ -163,8 +168,10 @@ def array_to_numpy(name: str, array: Array) -> np.ndarray:
         raise PayloadError(f"{name} has dtype {array.dtype!r}; only numeric arrays are accepted")
     expected = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
     if len(array.data) != expected:
-        raise PayloadError(f"{name} carries {len(array.data)} bytes, its shape {tuple(array.shape)} and dtype "
-                           f"{array.dtype} need {expected}")
+        raise PayloadError(
+            f"{name} carries {len(array.data)} bytes, its shape {tuple(array.shape)} and dtype "
+            f"{array.dtype} need {expected}"
+        )
     # A writable native-order copy: torch.from_numpy warns on read-only buffers.
     return np.frombuffer(array.data, dtype).reshape(array.shape).astype(dtype.newbyteorder("="))
 
@@ -204,8 +211,9 @@ def message_wire_bytes(message: Message) -> WireBytes:
         if fields.get(key) not in fixed:
             fields[key] = WIDEST_ID
     if not message.has_content():  # an error reply: its envelope carries the error, no payload objects
-        return WireBytes(payload=0, envelope=message_to_proto(make_message(metadata=metadata,
-                                                                           error=message.error)).ByteSize())
+        return WireBytes(
+            payload=0, envelope=message_to_proto(make_message(metadata=metadata, error=message.error)).ByteSize()
+        )
     normalized = make_message(metadata=metadata, content=message.content)
     objects = get_all_nested_objects(normalized)
     payload = sum(len(obj.deflate()) for obj in objects.values())

@@ -7,8 +7,9 @@ A run that does not complete raises, so Flower marks the run as failed rather th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -16,8 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 from common.config import ExperimentConfig
 
 from .loop import run_experiment
-from .summary import print_summary
 from .reporting import FAILURE_FILE, RunDirectory
+from .summary import print_summary
 from .transport import FlowerTransport
 
 
@@ -33,8 +34,9 @@ class RunIncomplete(RuntimeError):
     """The run stopped before its planned steps (budgets exhausted, clients failed, interrupted)."""
 
 
-def make_server_app(server_fn: Callable[[FlowerTransport], Any], result: RunResult, *,
-                    on_pushed: Callable[[], None] | None = None) -> ServerApp:
+def make_server_app(
+    server_fn: Callable[[FlowerTransport], Any], result: RunResult, *, on_pushed: Callable[[], None] | None = None
+) -> ServerApp:
     """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.
 
     Used by ``fedgan simulate`` and ``fedgan debug-task``, whose configuration is resolved before

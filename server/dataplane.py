@@ -32,15 +32,14 @@ from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from common.codec import PayloadError
 from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
-from protos import wire
-from protos.wire import runtime_message
 from common.net import MAX_GRPC_MESSAGE, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
+from protos import wire
+from protos.wire import runtime_message
 
 from .strategies.base import Outgoing
 from .transport import Exchange, FlowerTransport, _collect, _count
-
 
 
 class DataPlaneError(RuntimeError):
@@ -56,7 +55,7 @@ def node_token(secret: bytes, run_id: int, node_id: int) -> str:
 class Session:
     """One connected worker: what to send it, and the replies it sent back by sequence number."""
 
-    outbox: "queue.Queue[pb.ServerMessage | None]" = field(default_factory=queue.Queue)
+    outbox: queue.Queue[pb.ServerMessage | None] = field(default_factory=queue.Queue)
     replies: dict[int, pb.Envelope] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
@@ -87,8 +86,11 @@ class DataPlaneServicer(pb_grpc.DataPlaneServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a hello")
         hello = first.hello
         expected = node_token(self.secret, self.run_id, hello.node_id)
-        if hello.run_id != self.run_id or hello.node_id not in self.nodes or not hmac.compare_digest(
-                hello.token, expected):
+        if (
+            hello.run_id != self.run_id
+            or hello.node_id not in self.nodes
+            or not hmac.compare_digest(hello.token, expected)
+        ):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
         session = Session()
         with self.connected:
@@ -129,10 +131,17 @@ class DataPlaneSettings:
 
 def settings_from(cfg) -> DataPlaneSettings:
     """The data-plane settings of an ExperimentConfig."""
-    return DataPlaneSettings(bind=cfg.dataplane_bind, port=cfg.dataplane_port, address=cfg.dataplane_address,
-                             tls_cert=cfg.dataplane_tls_cert, tls_key=cfg.dataplane_tls_key,
-                             tls_ca=cfg.dataplane_tls_ca, idle_s=cfg.dataplane_idle_s,
-                             connect_timeout_s=cfg.reply_timeout_s, reply_timeout_s=cfg.reply_timeout_s)
+    return DataPlaneSettings(
+        bind=cfg.dataplane_bind,
+        port=cfg.dataplane_port,
+        address=cfg.dataplane_address,
+        tls_cert=cfg.dataplane_tls_cert,
+        tls_key=cfg.dataplane_tls_key,
+        tls_ca=cfg.dataplane_tls_ca,
+        idle_s=cfg.dataplane_idle_s,
+        connect_timeout_s=cfg.reply_timeout_s,
+        reply_timeout_s=cfg.reply_timeout_s,
+    )
 
 
 class GrpcTransport:
@@ -161,11 +170,18 @@ class GrpcTransport:
         s = self.settings
         host = s.address or ("127.0.0.1" if s.bind in ("0.0.0.0", "::") else s.bind)
         if not s.tls_cert and not (is_loopback(host) and is_loopback(s.bind)):
-            raise DataPlaneError(f"the data plane would be reachable beyond loopback ({s.bind}, advertised as "
-                                 f"{host}) without TLS: set dataplane-tls-cert/-key/-ca")
+            raise DataPlaneError(
+                f"the data plane would be reachable beyond loopback ({s.bind}, advertised as "
+                f"{host}) without TLS: set dataplane-tls-cert/-key/-ca"
+            )
         self.servicer = DataPlaneServicer(self.run_id, self.secret, set(nodes))
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=len(nodes) + 8), options=[
-            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE), ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE)])
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=len(nodes) + 8),
+            options=[
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+            ],
+        )
         pb_grpc.add_DataPlaneServicer_to_server(self.servicer, self.server)
         target = f"{s.bind}:{s.port}"
         if s.tls_cert:
@@ -176,9 +192,22 @@ class GrpcTransport:
         self.server.start()
         self.server_port = port
         ca = Path(s.tls_ca).read_text() if s.tls_ca else ""
-        kickoff = [Outgoing(n, DATAPLANE, wire.encode(DataplaneStart(
-            address=f"{host}:{port}", token=node_token(self.secret, self.run_id, n), run_id=self.run_id, ca=ca,
-            idle_s=float(s.idle_s)))) for n in nodes]
+        kickoff = [
+            Outgoing(
+                n,
+                DATAPLANE,
+                wire.encode(
+                    DataplaneStart(
+                        address=f"{host}:{port}",
+                        token=node_token(self.secret, self.run_id, n),
+                        run_id=self.run_id,
+                        ca=ca,
+                        idle_s=float(s.idle_s),
+                    )
+                ),
+            )
+            for n in nodes
+        ]
         exchange = self.control.exchange(kickoff)
         self.setup_totals = exchange.totals()
         self.worker_pids = {r.node_id: _pid(r.content) for r in exchange.replies if r.content is not None}
@@ -194,8 +223,10 @@ class GrpcTransport:
             while missing := [n for n in nodes if n not in self.servicer.sessions]:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DataPlaneError(f"{len(missing)} of {len(nodes)} data-plane workers did not connect "
-                                         f"within {self.settings.connect_timeout_s:.0f} s (nodes {missing[:5]})")
+                    raise DataPlaneError(
+                        f"{len(missing)} of {len(nodes)} data-plane workers did not connect "
+                        f"within {self.settings.connect_timeout_s:.0f} s (nodes {missing[:5]})"
+                    )
                 self.servicer.connected.wait(timeout=left)
 
     def _keepalive(self) -> None:
@@ -224,9 +255,15 @@ class GrpcTransport:
             self._seq += 1
             session = self.servicer.sessions.get(o.node_id)
             if session is not None and not session.closed.is_set():
-                session.outbox.put(pb.ServerMessage(request=pb.Envelope(
-                    seq=self._seq, message_type=o.message_type,
-                    content=recorddict_to_proto(o.content).SerializeToString())))
+                session.outbox.put(
+                    pb.ServerMessage(
+                        request=pb.Envelope(
+                            seq=self._seq,
+                            message_type=o.message_type,
+                            content=recorddict_to_proto(o.content).SerializeToString(),
+                        )
+                    )
+                )
             sent[o.node_id] = (self._seq, message, session)
         return self._collect(outgoing, sent, down, self.settings.reply_timeout_s if timeout_s is None else timeout_s)
 
@@ -248,8 +285,9 @@ class GrpcTransport:
                 replies[o.node_id] = Message(recorddict_from_proto(proto), reply_to=request)
         return _collect(outgoing, replies, down, missing=missing)
 
-    def _await(self, session: Session | None, seq: int, deadline: float,
-               timeout_s: float) -> tuple[pb.Envelope | None, str]:
+    def _await(
+        self, session: Session | None, seq: int, deadline: float, timeout_s: float
+    ) -> tuple[pb.Envelope | None, str]:
         if session is None:
             return None, "no data-plane worker connected for this node"
         with session.changed:

@@ -46,9 +46,16 @@ class LoopState:
     ledger_holders: frozenset[int] | None = None
 
 
-def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, *,
-                   resume: bool = False, transport_name: str = "flower-simulation",
-                   stop: threading.Event | None = None, prior: PriorReleases | None = None) -> dict[str, Any]:
+def run_experiment(
+    cfg: ExperimentConfig,
+    run: RunDirectory,
+    transport: Transport,
+    *,
+    resume: bool = False,
+    transport_name: str = "flower-simulation",
+    stop: threading.Event | None = None,
+    prior: PriorReleases | None = None,
+) -> dict[str, Any]:
     """Run (or continue) ``cfg`` in ``run``; returns summary.json's content.
 
     ``stop`` lets another thread (the CLI's Ctrl-C handler when the loop runs in Flower's server
@@ -68,8 +75,9 @@ def run_experiment(cfg: ExperimentConfig, run: RunDirectory, transport: Transpor
     nodes = [n for n in nodes if strategy.node_client[n] in allowed]
     status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
     queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
-    notes, cost = fetch_ledgers(cfg, transport, strategy, failed=state.failed, queried=queried,
-                                holders=state.ledger_holders)
+    notes, cost = fetch_ledgers(
+        cfg, transport, strategy, failed=state.failed, queried=queried, holders=state.ledger_holders
+    )
     state.notes.extend(notes)
     state.comm.add_control(*cost)
     return _finish(cfg, run, strategy, state, status, transport_name)
@@ -79,18 +87,36 @@ def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
     ck = run.load_checkpoint()
     strategy.load_state_dict(ck["strategy"])
     run.truncate_metrics(ck["step"])
-    return LoopState(step=ck["step"], wall_s=ck["wall_s"], comm=CommCounter.from_state_dict(ck["comm"]),
-                     notes=list(ck.get("notes", [])), step_times=list(ck.get("step_times", [])),
-                     failures={int(k): v for k, v in ck.get("failures", {}).items()})
+    return LoopState(
+        step=ck["step"],
+        wall_s=ck["wall_s"],
+        comm=CommCounter.from_state_dict(ck["comm"]),
+        notes=list(ck.get("notes", [])),
+        step_times=list(ck.get("step_times", [])),
+        failures={int(k): v for k, v in ck.get("failures", {}).items()},
+    )
 
 
-def _train(cfg: ExperimentConfig, run: RunDirectory, transport: Transport, strategy: Strategy,
-           state: LoopState, nodes: list[int], stop: threading.Event) -> str:
+def _train(
+    cfg: ExperimentConfig,
+    run: RunDirectory,
+    transport: Transport,
+    strategy: Strategy,
+    state: LoopState,
+    nodes: list[int],
+    stop: threading.Event,
+) -> str:
     started = time.monotonic()
     base_wall = state.wall_s
     status = "completed"
-    bar = tqdm(total=cfg.steps, initial=state.step, disable=not cfg.progress, unit="step",
-               desc=f"{cfg.strategy} steps", dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.steps,
+        initial=state.step,
+        disable=not cfg.progress,
+        unit="step",
+        desc=f"{cfg.strategy} steps",
+        dynamic_ncols=True,
+    )
     try:
         while state.step < cfg.steps:
             if stop.is_set():
@@ -127,12 +153,14 @@ def _report_progress(cfg: ExperimentConfig, run: RunDirectory, state: LoopState,
     now = time.monotonic()
     if final or now - state.progress_at >= 1.0:
         state.progress_at = now
-        run.write_json("progress.json", {"step": state.step, "steps": cfg.steps, "wall_s": round(state.wall_s, 3),
-                                         "final": final})
+        run.write_json(
+            "progress.json", {"step": state.step, "steps": cfg.steps, "wall_s": round(state.wall_s, 3), "final": final}
+        )
 
 
-def _round(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState,
-           available: list[int]) -> tuple[bool, bool]:
+def _round(
+    cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState, available: list[int]
+) -> tuple[bool, bool]:
     """One round; (whether the generator moved, whether any client was asked)."""
     step = state.step
     selected = strategy.select_nodes(available)
@@ -189,10 +217,15 @@ def _snapshot(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
     """Keep the released generator and the privacy spent so far, for ε-vs-quality curves."""
     report = strategy.privacy_report()
     eps_max, eps_median = epsilon_stats(report)
-    run.save_snapshot(state.step, strategy.released_generator().state_dict(), {
-        "epsilon_max": eps_max, "epsilon_median": eps_median,
-        "epsilon_amplified": report["epsilon_amplified"]["epsilon"],
-    })
+    run.save_snapshot(
+        state.step,
+        strategy.released_generator().state_dict(),
+        {
+            "epsilon_max": eps_max,
+            "epsilon_median": eps_median,
+            "epsilon_amplified": report["epsilon_amplified"]["epsilon"],
+        },
+    )
 
 
 def _metrics_record(strategy: Strategy, state: LoopState) -> dict[str, Any]:
@@ -215,30 +248,42 @@ def _metrics_record(strategy: Strategy, state: LoopState) -> dict[str, Any]:
 
 
 def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
-    run.save_checkpoint({
-        "step": state.step,
-        "wall_s": state.wall_s,
-        "strategy": strategy.state_dict(),
-        # Strategy-independent copy of what is released, for `fedgan evaluate`.
-        "released_generator": strategy.released_generator().state_dict(),
-        "comm": state.comm.state_dict(),
-        "notes": state.notes,
-        "step_times": state.step_times,
-        "failures": state.failures,
-    })
+    run.save_checkpoint(
+        {
+            "step": state.step,
+            "wall_s": state.wall_s,
+            "strategy": strategy.state_dict(),
+            # Strategy-independent copy of what is released, for `fedgan evaluate`.
+            "released_generator": strategy.released_generator().state_dict(),
+            "comm": state.comm.state_dict(),
+            "notes": state.notes,
+            "step_times": state.step_times,
+            "failures": state.failures,
+        }
+    )
 
 
-def _finish(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str,
-            transport_name: str) -> dict[str, Any]:
+def _finish(
+    cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str, transport_name: str
+) -> dict[str, Any]:
     """privacy.json, the last sample grid, summary.json (returned)."""
     report = strategy.privacy_report(final=True)
     run.write_json("privacy.json", privacy_document(cfg, report))
     if state.step > 0:
-        run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg),
-                         z_dim=cfg.z_dim)
-    facts = RunFacts(status=status, transport=transport_name, steps_completed=state.step, comm=state.comm.summary(),
-                     wall_s=state.wall_s, step_times=state.step_times, failures=state.failures, notes=state.notes,
-                     run_dir=str(run.path), bytes_down=dict(state.comm.down), bytes_up=dict(state.comm.up))
+        run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
+    facts = RunFacts(
+        status=status,
+        transport=transport_name,
+        steps_completed=state.step,
+        comm=state.comm.summary(),
+        wall_s=state.wall_s,
+        step_times=state.step_times,
+        failures=state.failures,
+        notes=state.notes,
+        run_dir=str(run.path),
+        bytes_down=dict(state.comm.down),
+        bytes_up=dict(state.comm.up),
+    )
     summary = summary_document(cfg, report, facts)
     run.write_json("summary.json", summary)
     return summary

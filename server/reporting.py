@@ -77,14 +77,17 @@ def check_new_run_dir(path: Path) -> None:
     """A new run may start in ``path``: it holds no run and nothing else (but ``fedgan deploy``'s
     own ``deploy/`` folder, made before the ServerApp creates the run)."""
     if (path / CHECKPOINT).exists():
-        raise RunDirectoryError(f"{path} already holds a run; use --resume {path} to continue it "
-                                "or choose another --out")
+        raise RunDirectoryError(
+            f"{path} already holds a run; use --resume {path} to continue it or choose another --out"
+        )
     if path.exists() and any(p.name != DEPLOY_DIR for p in path.iterdir()):
         # A run that died before its first checkpoint leaves client state (and spent privacy)
         # behind; a new run must not silently inherit it.
-        raise RunDirectoryError(f"{path} is not empty (a run that stopped before its first "
-                                "checkpoint? its clients/ keeps the privacy the clients spent): choose "
-                                "another --out")
+        raise RunDirectoryError(
+            f"{path} is not empty (a run that stopped before its first "
+            "checkpoint? its clients/ keeps the privacy the clients spent): choose "
+            "another --out"
+        )
 
 
 class RunDirectory:
@@ -92,7 +95,7 @@ class RunDirectory:
         self.path = Path(path).resolve()
 
     @classmethod
-    def create(cls, cfg: ExperimentConfig, *, state_dir: str | Path | None = None) -> "RunDirectory":
+    def create(cls, cfg: ExperimentConfig, *, state_dir: str | Path | None = None) -> RunDirectory:
         """A new run directory; ``state_dir`` lets several runs share the clients' state (and so
         their ledgers), as the debugging task's selection and training runs do."""
         path = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)
@@ -106,7 +109,7 @@ class RunDirectory:
         return run
 
     @classmethod
-    def open_existing(cls, path: str | Path) -> tuple["RunDirectory", ExperimentConfig]:
+    def open_existing(cls, path: str | Path) -> tuple[RunDirectory, ExperimentConfig]:
         run = cls(path)
         cfg_path = run.path / "config.json"
         if not run.path.is_dir():
@@ -134,8 +137,11 @@ class RunDirectory:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= after_step]
+        keep = [
+            line
+            for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= after_step
+        ]
         atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
@@ -146,8 +152,10 @@ class RunDirectory:
     def load_checkpoint(self) -> dict[str, Any]:
         path = self.path / CHECKPOINT
         if not path.exists():
-            raise RunDirectoryError(f"{path} does not exist: nothing to resume (the run stopped "
-                                    "before its first checkpoint; start it again)")
+            raise RunDirectoryError(
+                f"{path} does not exist: nothing to resume (the run stopped "
+                "before its first checkpoint; start it again)"
+            )
         try:
             return torch.load(path, map_location="cpu", weights_only=False)
         except Exception as err:  # noqa: BLE001
@@ -173,8 +181,16 @@ class RunDirectory:
     def write_text(self, name: str, text: str) -> None:
         atomic_write_bytes(self.path / name, text.encode())
 
-    def save_samples(self, generator: torch.nn.Module, step: int, *, num_classes: int, z_dim: int,
-                     per_class: int = 10, seed: int = 1234) -> Path:
+    def save_samples(
+        self,
+        generator: torch.nn.Module,
+        step: int,
+        *,
+        num_classes: int,
+        z_dim: int,
+        per_class: int = 10,
+        seed: int = 1234,
+    ) -> Path:
         """A grid with one row per class, from fixed latents so grids are comparable over steps."""
         grid = sample_grid(generator, num_classes=num_classes, z_dim=z_dim, per_class=per_class, seed=seed)
         path = self.path / "samples" / f"step-{step:06d}.png"
@@ -185,8 +201,9 @@ class RunDirectory:
 
 
 @torch.no_grad()
-def sample_grid(generator: torch.nn.Module, *, num_classes: int, z_dim: int, per_class: int = 10,
-                seed: int = 1234, pad: int = 2) -> np.ndarray:
+def sample_grid(
+    generator: torch.nn.Module, *, num_classes: int, z_dim: int, per_class: int = 10, seed: int = 1234, pad: int = 2
+) -> np.ndarray:
     rng = torch.Generator().manual_seed(seed)
     labels = torch.arange(num_classes).repeat_interleave(per_class)
     was_training = generator.training

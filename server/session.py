@@ -88,15 +88,20 @@ def _decode_hello(reply: Incoming) -> HelloReply:
 def _check_greeting(cfg: ExperimentConfig, refusals: list[str], mapping: dict[int, int], asked: int) -> None:
     if refusals:
         more = f" (and {len(refusals) - 5} more)" if len(refusals) > 5 else ""
-        raise NodeRefused(f"{len(refusals)} of {asked} nodes refuse this run under their own privacy "
-                          f"policy: {'; '.join(refusals[:5])}{more}")
+        raise NodeRefused(
+            f"{len(refusals)} of {asked} nodes refuse this run under their own privacy "
+            f"policy: {'; '.join(refusals[:5])}{more}"
+        )
     if sorted(mapping.values()) != list(range(cfg.num_clients)):
-        raise RuntimeError(f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
-                           "each node needs a distinct partition-id below num_clients")
+        raise RuntimeError(
+            f"nodes hold client ids {sorted(mapping.values())}, expected 0..{cfg.num_clients - 1}: "
+            "each node needs a distinct partition-id below num_clients"
+        )
 
 
-def greet(cfg: ExperimentConfig, state_dir: str, transport: Transport, strategy: Strategy,
-          nodes: list[int]) -> tuple[list[int], Greeting]:
+def greet(
+    cfg: ExperimentConfig, state_dir: str, transport: Transport, strategy: Strategy, nodes: list[int]
+) -> tuple[list[int], Greeting]:
     """The hello, with the strategy told which client each node holds and the participants' ledgers
     as they stand (releases after the last checkpoint of a resumed run included, so that live ε is
     current from the first step). Returns the nodes ordered by client id, so that the server's
@@ -108,20 +113,28 @@ def greet(cfg: ExperimentConfig, state_dir: str, transport: Transport, strategy:
     return sorted(nodes, key=greeting.mapping.__getitem__), greeting
 
 
-def exchange_in_chunks(transport: Transport, outgoing: list[Outgoing], *,
-                       timeout_s: float | None = None) -> Exchange:
+def exchange_in_chunks(transport: Transport, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
     """``transport.exchange`` of ``outgoing`` in pieces of ``BROADCAST_CHUNK`` messages, merged
     (``timeout_s``: wait at most this long for each piece's replies instead of the transport's own)."""
     step = BROADCAST_CHUNK
     kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
-    parts = [transport.exchange(outgoing[i:i + step], **kwargs) for i in range(0, len(outgoing), step)]
-    return Exchange(replies=[r for p in parts for r in p.replies],
-                    bytes_down={n: b for p in parts for n, b in p.bytes_down.items()},
-                    bytes_up={n: b for p in parts for n, b in p.bytes_up.items()})
+    parts = [transport.exchange(outgoing[i : i + step], **kwargs) for i in range(0, len(outgoing), step)]
+    return Exchange(
+        replies=[r for p in parts for r in p.replies],
+        bytes_down={n: b for p in parts for n, b in p.bytes_down.items()},
+        bytes_up={n: b for p in parts for n, b in p.bytes_up.items()},
+    )
 
 
-def fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strategy, *, failed: set[int],
-                  queried: set[int], holders: frozenset[int] | None) -> tuple[list[str], tuple[int, int]]:
+def fetch_ledgers(
+    cfg: ExperimentConfig,
+    transport: Transport,
+    strategy: Strategy,
+    *,
+    failed: set[int],
+    queried: set[int],
+    holders: frozenset[int] | None,
+) -> tuple[list[str], tuple[int, int]]:
     """Ask the participating clients whose ledger may hold a release for it; returns the notes the
     strategy makes of them and the bytes (down, up) the fetch cost.
 
@@ -136,11 +149,16 @@ def fetch_ledgers(cfg: ExperimentConfig, transport: Transport, strategy: Strateg
     (``BEST_EFFORT_TIMEOUT_S``): a late answer was charged on the client.
     """
     allowed = set(cfg.participants())
-    nodes = [n for n, cid in strategy.node_client.items()
-             if cid in allowed and (holders is None or cid in holders or cid in queried)]
+    nodes = [
+        n
+        for n, cid in strategy.node_client.items()
+        if cid in allowed and (holders is None or cid in holders or cid in queried)
+    ]
     replies, down, up = [], 0, 0
-    for group, timeout_s in (([n for n in nodes if n not in failed], None),
-                             ([n for n in nodes if n in failed], BEST_EFFORT_TIMEOUT_S)):
+    for group, timeout_s in (
+        ([n for n in nodes if n not in failed], None),
+        ([n for n in nodes if n in failed], BEST_EFFORT_TIMEOUT_S),
+    ):
         queries = strategy.ledger_queries(group)
         if not queries:
             continue

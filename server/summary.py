@@ -39,32 +39,65 @@ class RunFacts:
 def privacy_document(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str, Any]:
     """privacy.json: every client's ledger and figures, the server's ledger, rules and statement."""
     return {
-        "delta": cfg.delta, "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"],
-        "accounting": report["accounting"], "statement": report["statement"], "not_private": report["not_private"],
-        "do_not_publish": DO_NOT_PUBLISH, "epsilon_amplified": report["epsilon_amplified"],
-        "clients": [{k: c.get(k) for k in ("client_id", "queries", "epsilon", "epsilon_reason", "epsilon_rdp",
-                                           "epsilon_prv", "ledger")} for c in report["clients"]],
+        "delta": cfg.delta,
+        "accountant": cfg.accountant,
+        "epsilon_kind": report["epsilon_kind"],
+        "accounting": report["accounting"],
+        "statement": report["statement"],
+        "not_private": report["not_private"],
+        "do_not_publish": DO_NOT_PUBLISH,
+        "epsilon_amplified": report["epsilon_amplified"],
+        "clients": [
+            {
+                k: c.get(k)
+                for k in ("client_id", "queries", "epsilon", "epsilon_reason", "epsilon_rdp", "epsilon_prv", "ledger")
+            }
+            for c in report["clients"]
+        ],
     }
 
 
 def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFacts) -> dict[str, Any]:
     """summary.json: the run, its clients (bytes, status, ε), ε, bytes per step, latency, notes."""
-    clients = [{**{k: v for k, v in c.items() if k != "ledger"}, **_client_facts(c["client_id"], facts)}
-               for c in report["clients"]]
+    clients = [
+        {**{k: v for k, v in c.items() if k != "ledger"}, **_client_facts(c["client_id"], facts)}
+        for c in report["clients"]
+    ]
     summary = {
-        "strategy": cfg.strategy, "status": facts.status, "transport": facts.transport,
-        "dataset": cfg.dataset, "partition": cfg.partition, "model": cfg.model,
-        "steps_completed": facts.steps_completed, "steps_planned": cfg.steps, "num_clients": cfg.num_clients,
-        "clients_per_step": cfg.clients_per_step, "participants": cfg.participants(),
-        "batch_size": cfg.batch_size, "noise_multiplier": cfg.noise_multiplier, "clip": cfg.clip, "delta": cfg.delta,
-        "wire_dtype": cfg.wire_dtype, "wire_samples": cfg.wire_samples, "wire_compression": cfg.wire_compression,
-        "critic_fakes": cfg.critic_fakes, "client_stats": cfg.client_stats,
-        "accountant": cfg.accountant, "epsilon_kind": report["epsilon_kind"], "accounting": report["accounting"],
-        "mechanism": report["mechanism"], "not_private": report["not_private"], "clients": clients,
+        "strategy": cfg.strategy,
+        "status": facts.status,
+        "transport": facts.transport,
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "model": cfg.model,
+        "steps_completed": facts.steps_completed,
+        "steps_planned": cfg.steps,
+        "num_clients": cfg.num_clients,
+        "clients_per_step": cfg.clients_per_step,
+        "participants": cfg.participants(),
+        "batch_size": cfg.batch_size,
+        "noise_multiplier": cfg.noise_multiplier,
+        "clip": cfg.clip,
+        "delta": cfg.delta,
+        "wire_dtype": cfg.wire_dtype,
+        "wire_samples": cfg.wire_samples,
+        "wire_compression": cfg.wire_compression,
+        "critic_fakes": cfg.critic_fakes,
+        "client_stats": cfg.client_stats,
+        "accountant": cfg.accountant,
+        "epsilon_kind": report["epsilon_kind"],
+        "accounting": report["accounting"],
+        "mechanism": report["mechanism"],
+        "not_private": report["not_private"],
+        "clients": clients,
         "epsilon_max": report["epsilon_max"],
         "epsilon_amplified": {k: v for k, v in report["epsilon_amplified"].items() if k != "ledger"},
-        "comm": facts.comm, "wall_s": round(facts.wall_s, 3), "step_latency_s": step_latency(facts.step_times),
-        "failed_clients": sorted(facts.failures), "run_dir": facts.run_dir, "notes": facts.notes,
+        "comm": facts.comm,
+        "wall_s": round(facts.wall_s, 3),
+        "step_latency_s": step_latency(facts.step_times),
+        "failed_clients": sorted(facts.failures),
+        "run_dir": facts.run_dir,
+        "notes": facts.notes,
         "privacy_statement": report["statement"],
     }
     summary.update(report.get("summary_extra", {}))  # the method's own figures (e.g. DPGAN's q, steps)
@@ -72,8 +105,12 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
 
 
 def _client_facts(cid: int, facts: RunFacts) -> dict[str, Any]:
-    return {"bytes_down": facts.bytes_down.get(cid, 0), "bytes_up": facts.bytes_up.get(cid, 0),
-            "status": "failed" if cid in facts.failures else "ok", "failure": facts.failures.get(cid, "")}
+    return {
+        "bytes_down": facts.bytes_down.get(cid, 0),
+        "bytes_up": facts.bytes_up.get(cid, 0),
+        "status": "failed" if cid in facts.failures else "ok",
+        "failure": facts.failures.get(cid, ""),
+    }
 
 
 def epsilon_stats(report: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -84,15 +121,18 @@ def epsilon_stats(report: dict[str, Any]) -> tuple[float | None, float | None]:
     return max(eps), float(np.median(eps))
 
 
-
 def step_latency(times: list[float]) -> dict[str, Any]:
     """Median and 90th percentile wall time of a generator step (the whole round: send, client
     work, replies, server update), over the steps this run directory has taken."""
     if not times:
         return {"median": None, "p90": None, "mean": None, "steps": 0}
     t = np.asarray(times)
-    return {"median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
-            "steps": int(t.size)}
+    return {
+        "median": float(np.median(t)),
+        "p90": float(np.percentile(t, 90)),
+        "mean": float(t.mean()),
+        "steps": int(t.size),
+    }
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -113,23 +153,23 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         eps_text = reason or "unbounded"
     else:
         eps_sorted = sorted(eps)
-        eps_text = (f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · "
-                    f"max {eps_sorted[-1]:.4g}")
+        eps_text = f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · max {eps_sorted[-1]:.4g}"
     per_step = summary["comm"]["bytes_per_step"]
     amp = summary.get("epsilon_amplified", {})
     kind = summary.get("epsilon_kind", "per client, untrusted server")
     accountant = summary.get("accountant", "rdp").upper()
     if amp.get("epsilon") is not None:
         sampling = {"wor": "without replacement", "poisson": "Poisson"}.get(amp.get("sampling", ""), "")
-        amp_text = (f"{amp['epsilon']:.4g}  [assumes the server samples in secret{', ' + sampling if sampling else ''}; "
-                    f"largest q = {amp.get('sample_rate', float('nan')):.3g}]")
+        amp_text = (
+            f"{amp['epsilon']:.4g}  [assumes the server samples in secret{', ' + sampling if sampling else ''}; "
+            f"largest q = {amp.get('sample_rate', float('nan')):.3g}]"
+        )
     else:
         amp_text = amp.get("epsilon_reason") or ("n/a: " + amp.get("assumption", ""))
     rows = [
         ("strategy", summary["strategy"]),
         ("status", summary["status"]),
-        (core(summary["strategy"]).STEP_LABEL,
-         f"{summary['steps_completed']} / {summary['steps_planned']}"),
+        (core(summary["strategy"]).STEP_LABEL, f"{summary['steps_completed']} / {summary['steps_planned']}"),
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
         ("ε rule", summary["accounting"]),

@@ -8,8 +8,8 @@ benchmark and by fast tests).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -36,8 +36,14 @@ class Exchange:
 class FlowerTransport:
     """Messages through a Flower Grid (simulation runtime or a real SuperLink)."""
 
-    def __init__(self, grid: Grid, *, timeout_s: float = 600.0, wait_nodes_s: float = 120.0,
-                 on_pushed: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        timeout_s: float = 600.0,
+        wait_nodes_s: float = 120.0,
+        on_pushed: Callable[[], None] | None = None,
+    ) -> None:
         """``on_pushed`` is called after each push (the simulation runtime's wake-up, see
         ``simulations.experiments.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
         self.grid = grid
@@ -54,8 +60,10 @@ class FlowerTransport:
         deadline = time.monotonic() + self.wait_nodes_s
         while len(ids := sorted(self.grid.get_node_ids())) < expected:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(ids)} of {expected} nodes connected after "
-                                   f"{self.wait_nodes_s:.0f} s; check num_clients against the federation")
+                raise RuntimeError(
+                    f"only {len(ids)} of {expected} nodes connected after "
+                    f"{self.wait_nodes_s:.0f} s; check num_clients against the federation"
+                )
             time.sleep(0.05)
         return ids
 
@@ -63,7 +71,7 @@ class FlowerTransport:
         """Send, then wait for the replies up to ``timeout_s`` (default: the transport's own)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         messages = [Message(o.content, dst_node_id=o.node_id, message_type=o.message_type) for o in outgoing]
-        down = {o.node_id: _count(m) for o, m in zip(outgoing, messages)}
+        down = {o.node_id: _count(m) for o, m in zip(outgoing, messages, strict=False)}
         replies_by_node: dict[int, Message] = {}
         for reply in self._send_and_receive(messages, timeout_s):
             replies_by_node[reply.metadata.src_node_id] = reply
@@ -91,8 +99,15 @@ class InProcessTransport:
     ``node_config`` is added to every node's own (a privacy policy, e.g. ``privacy-allow-nonprivate``);
     ``node_configs`` maps a partition id to keys for that node only."""
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = (1 << 62) + 7, *,
-                 node_config: dict | None = None, node_configs: dict[int, dict] | None = None) -> None:
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_id: int = (1 << 62) + 7,
+        *,
+        node_config: dict | None = None,
+        node_configs: dict[int, dict] | None = None,
+    ) -> None:
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.
@@ -100,10 +115,18 @@ class InProcessTransport:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
         self.app = client_app
         self.contexts = {
-            (1 << 62) + i: Context(run_id=run_id, node_id=(1 << 62) + i,
-                              node_config={"partition-id": i, "num-partitions": num_nodes, **(node_config or {}),
-                                           **(node_configs or {}).get(i, {})},
-                              state=RecordDict(), run_config={})
+            (1 << 62) + i: Context(
+                run_id=run_id,
+                node_id=(1 << 62) + i,
+                node_config={
+                    "partition-id": i,
+                    "num-partitions": num_nodes,
+                    **(node_config or {}),
+                    **(node_configs or {}).get(i, {}),
+                },
+                state=RecordDict(),
+                run_config={},
+            )
             for i in range(num_nodes)
         }
 
@@ -125,8 +148,13 @@ def _count(message: Message) -> tuple[int, int]:
     return wire.total, wire.envelope
 
 
-def _collect(outgoing: list[Outgoing], replies: dict[int, Message], down: dict[int, tuple[int, int]], *,
-             missing: str | dict[int, str] = "no reply") -> Exchange:
+def _collect(
+    outgoing: list[Outgoing],
+    replies: dict[int, Message],
+    down: dict[int, tuple[int, int]],
+    *,
+    missing: str | dict[int, str] = "no reply",
+) -> Exchange:
     """Replies (or why there is none: ``missing``, one reason for all or per node) and their bytes."""
     incoming, up = [], {}
     for o in outgoing:

@@ -17,11 +17,40 @@ ROOT = Path(__file__).resolve().parents[1]
 # on their (simulated) nodes, the way a user debugging on public data would.
 ALLOW_NONPRIVATE = {"privacy-allow-nonprivate": True}
 
-TINY = dict(num_clients=3, model="tiny", batch_size=8, n_critic=1, synthetic_samples_per_writer=40,
-            dpgan_batch_size=16, dpgan_n_d=2, fedavg_clients_per_round=2, progress=False, eval=False)
-TINY_FLAGS = ["--transport", "inprocess", "--num-clients", "3", "--model", "tiny", "--batch-size", "8",
-              "--n-critic", "1", "--synthetic-samples-per-writer", "40", "--dpgan-batch-size", "16",
-              "--dpgan-n-d", "2", "--fedavg-clients-per-round", "2", "--no-eval", "--no-progress"]
+TINY = dict(
+    num_clients=3,
+    model="tiny",
+    batch_size=8,
+    n_critic=1,
+    synthetic_samples_per_writer=40,
+    dpgan_batch_size=16,
+    dpgan_n_d=2,
+    fedavg_clients_per_round=2,
+    progress=False,
+    eval=False,
+)
+TINY_FLAGS = [
+    "--transport",
+    "inprocess",
+    "--num-clients",
+    "3",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "40",
+    "--dpgan-batch-size",
+    "16",
+    "--dpgan-n-d",
+    "2",
+    "--fedavg-clients-per-round",
+    "2",
+    "--no-eval",
+    "--no-progress",
+]
 
 
 def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:

@@ -20,8 +20,14 @@ def handle(message: Message, context: Context) -> Message:
     step = wire.decode(DpganRound, message.content).step
     use_client_threads()
     curator = load_node(node.cfg, node.state_dir, rounds=step)
-    reply = DpganReply(client_id=node.client_id, step=step, refused=False, reason="",
-                       noise_multiplier=curator.trainer.noise_multiplier, sample_rate=curator.sample_rate)
+    reply = DpganReply(
+        client_id=node.client_id,
+        step=step,
+        refused=False,
+        reason="",
+        noise_multiplier=curator.trainer.noise_multiplier,
+        sample_rate=curator.sample_rate,
+    )
     over = node.policy.over_budget(curator.ledger, curator.step_event(curator.n_d), node.cfg)
     refusal = node.refusal() or (f"{curator.n_d} more discriminator steps {over}" if over else "")
     if refusal:

@@ -24,10 +24,20 @@ def handle(message: Message, context: Context) -> Message:
     round_ = wire.decode(FedAvgRound, message.content)
     cfg, state = node.cfg, node.load_state()
     delta = client_update(
-        round_.generator, round_.discriminator, preset=cfg.model, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim,
-        real_images=state.data.images, real_labels=state.data.labels, local_steps=cfg.local_steps,
-        lr=cfg.fedavg_lr_d, batch_size=cfg.batch_size, gp_weight=cfg.gp_weight, drift=cfg.drift,
-        generator=torch.Generator().manual_seed(round_.seed))
+        round_.generator,
+        round_.discriminator,
+        preset=cfg.model,
+        num_classes=num_classes_for(cfg),
+        z_dim=cfg.z_dim,
+        real_images=state.data.images,
+        real_labels=state.data.labels,
+        local_steps=cfg.local_steps,
+        lr=cfg.fedavg_lr_d,
+        batch_size=cfg.batch_size,
+        gp_weight=cfg.gp_weight,
+        drift=cfg.drift,
+        generator=torch.Generator().manual_seed(round_.seed),
+    )
     state.ledger.record(RAW_DELTA)
     state.version += 1
     node.persist(state)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 _CACHE_ENTRIES = 2  # data sets kept per process: a train set and, say, a test set
-_cache: "OrderedDict[tuple, Any]" = OrderedDict()
+_cache: OrderedDict[tuple, Any] = OrderedDict()
 _cache_lock = threading.RLock()
 
 
@@ -140,9 +141,7 @@ def _split(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
     if cfg.partition == "shards":
         return partition_shards(n, k, seed=cfg.seed)
     # Every client must fill a batch, so the Dirichlet redraw demands batch_size images each.
-    return partition_dirichlet(
-        dataset.labels, k, alpha=cfg.dirichlet_alpha, seed=cfg.seed, min_size=cfg.batch_size
-    )
+    return partition_dirichlet(dataset.labels, k, alpha=cfg.dirichlet_alpha, seed=cfg.seed, min_size=cfg.batch_size)
 
 
 def _partition_indices(cfg: ExperimentConfig) -> list[np.ndarray]:
@@ -172,9 +171,7 @@ def client_arrays(cfg: ExperimentConfig, client_id: int) -> tuple[np.ndarray, np
     else:
         dataset, index = _training_set(cfg), _partition_indices(cfg)[client_id]
         images, labels = dataset.images[index], dataset.labels[index]
-    inverted = bool(
-        cfg.invert_prob > 0 and invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)[client_id]
-    )
+    inverted = bool(cfg.invert_prob > 0 and invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)[client_id])
     return (apply_inversion(images) if inverted else images), labels, inverted
 
 
@@ -227,9 +224,7 @@ def client_labels(cfg: ExperimentConfig, client_id: int) -> np.ndarray:
 def _check_femnist_writers(cfg: ExperimentConfig, path) -> list[int]:
     writer_ids, sizes = _cached(("femnist-sizes", str(path)), lambda: tff_writer_sizes(path))
     if len(writer_ids) < cfg.num_clients:
-        raise PartitionError(
-            f"num_clients={cfg.num_clients} is more than the {len(writer_ids)} writers in {path}"
-        )
+        raise PartitionError(f"num_clients={cfg.num_clients} is more than the {len(writer_ids)} writers in {path}")
     return sizes[: cfg.num_clients]
 
 

@@ -18,9 +18,10 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Iterator, Mapping
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
@@ -170,9 +171,7 @@ def download(
         if checksums is not None and remote.name in checksums:  # an injected checksum replaces both
             remote = RemoteFile(remote.name, checksums[remote.name], None, remote.members)
         url = (base_url or source.base_url).rstrip("/") + "/" + remote.name
-        paths += _fetch_one(
-            remote, url, dest, timeout_s=timeout_s, progress=progress, keep_archive=keep_archives
-        )
+        paths += _fetch_one(remote, url, dest, timeout_s=timeout_s, progress=progress, keep_archive=keep_archives)
     return paths
 
 
@@ -241,13 +240,10 @@ def _download_verified(url: str, path: Path, spec: RemoteFile, *, timeout_s: flo
 
 def _open_url(url: str, path: Path, timeout_s: float):
     try:
-        return urllib.request.urlopen(
-            url, timeout=timeout_s
-        )  # noqa: S310 - fixed https hosts or a caller's mirror
+        return urllib.request.urlopen(url, timeout=timeout_s)  # noqa: S310 - fixed https hosts or a caller's mirror
     except (urllib.error.URLError, OSError) as err:
         raise DataError(
-            f"could not download {url} ({err}): check the network, or fetch the file by hand and "
-            f"save it as {path}"
+            f"could not download {url} ({err}): check the network, or fetch the file by hand and save it as {path}"
         ) from err
 
 
@@ -330,11 +326,7 @@ def describe(target: str | ExperimentConfig = "", cfg: ExperimentConfig | None =
 
 
 def _describe_folder(name: str, folder: Path) -> list[str]:
-    files = (
-        sorted(p for p in folder.glob("*") if p.is_file() and not p.name.startswith("."))
-        if folder.is_dir()
-        else []
-    )
+    files = sorted(p for p in folder.glob("*") if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
     if not files:
         return [f"{name}: not found in {folder} (run `fedgan data download {name}`)"]
     return [f"{name}: {folder}"] + [f"  {p.name:44s} {p.stat().st_size / 1e6:10.2f} MB" for p in files]

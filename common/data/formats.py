@@ -80,9 +80,7 @@ def _parse_idx(raw: bytes, path: Path, *, magic: int, ndim: int, hint: str) -> n
     header_bytes = 4 + 4 * ndim
     found = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
     if found != magic:
-        raise DataError(
-            f"{path} has IDX magic number {found}, expected {magic}: wrong or corrupt file; {hint}"
-        )
+        raise DataError(f"{path} has IDX magic number {found}, expected {magic}: wrong or corrupt file; {hint}")
     if len(raw) < header_bytes:
         raise DataError(f"{path} is too short for an IDX header ({len(raw)} bytes): delete it and {hint}")
     dims = struct.unpack(f">{ndim}I", raw[4:header_bytes])
@@ -138,9 +136,7 @@ def mnist_filenames(split: str) -> tuple[str, str]:
     return f"{prefix}-images-idx3-ubyte.gz", f"{prefix}-labels-idx1-ubyte.gz"
 
 
-def read_mnist_like(
-    folder: str | Path, split: str, *, dataset: str = "mnist"
-) -> tuple[np.ndarray, np.ndarray]:
+def read_mnist_like(folder: str | Path, split: str, *, dataset: str = "mnist") -> tuple[np.ndarray, np.ndarray]:
     """MNIST or Fashion-MNIST images and labels (10 classes) from ``folder``."""
     folder, hint = Path(folder), fix_hint(dataset)
     images_name, labels_name = mnist_filenames(split)
@@ -224,9 +220,7 @@ def _read_writer_group(group, path: Path, writer_id: str) -> tuple[np.ndarray, n
     return tff_pixels_to_uint8(pixels), np.asarray(labels, dtype=np.int64).reshape(-1)
 
 
-def read_tff_h5(
-    path: str | Path, *, num_classes: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def read_tff_h5(path: str | Path, *, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """All writers of a TFF federated EMNIST file.
 
     Returns (images, labels, writer_index, writer_ids): ``writer_index[i]`` is the ordinal in
@@ -248,9 +242,7 @@ def read_tff_h5(
     return np.concatenate(images), all_labels, np.concatenate(index), writer_ids
 
 
-def read_tff_h5_writer(
-    path: str | Path, ordinal: int, *, num_classes: int
-) -> tuple[np.ndarray, np.ndarray, str]:
+def read_tff_h5_writer(path: str | Path, ordinal: int, *, num_classes: int) -> tuple[np.ndarray, np.ndarray, str]:
     """Only writer number ``ordinal`` (in sorted order): a client loads its own data and no more."""
     path = Path(path)
     with _open_h5(path) as handle:
@@ -271,9 +263,7 @@ def tff_writer_sizes(path: str | Path) -> tuple[list[str], list[int]]:
         try:
             sizes = [int(handle["examples"][w]["label"].shape[0]) for w in writer_ids]
         except KeyError as err:
-            raise DataError(
-                f"{path}: a writer lacks its 'label' dataset ({err}); {fix_hint('femnist')}"
-            ) from err
+            raise DataError(f"{path}: a writer lacks its 'label' dataset ({err}); {fix_hint('femnist')}") from err
     return writer_ids, sizes
 
 

@@ -57,9 +57,7 @@ def _has_files(dataset: str, folder: Path) -> bool:
     if not folder.is_dir():
         return False
     if dataset in ("mnist", "fashion-mnist"):
-        return any(
-            (folder / name).is_file() for split in ("train", "test") for name in mnist_filenames(split)
-        )
+        return any((folder / name).is_file() for split in ("train", "test") for name in mnist_filenames(split))
     if dataset == "emnist":
         return any(folder.glob("emnist-*-ubyte.gz"))
     if dataset == "femnist":

@@ -51,9 +51,7 @@ def partition_iid(n: int, num_clients: int, *, seed: int) -> list[np.ndarray]:
     return [np.sort(part).astype(np.int64) for part in np.array_split(perm, num_clients)]
 
 
-def _dirichlet_draw(
-    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
+def _dirichlet_draw(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     """One draw: each class is split across clients by its own Dirichlet(alpha) proportions."""
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for cls in np.unique(labels):
@@ -95,9 +93,7 @@ def partition_dirichlet(
     )
 
 
-def partition_shards(
-    n: int, num_clients: int, *, seed: int, shard_size: int | None = None
-) -> list[np.ndarray]:
+def partition_shards(n: int, num_clients: int, *, seed: int, shard_size: int | None = None) -> list[np.ndarray]:
     """K equal disjoint random shards (GS-WGAN: 1000 discriminators x 60 MNIST images).
 
     ``shard_size`` defaults to ``n // num_clients``; images beyond ``num_clients * shard_size`` are dropped.
@@ -105,9 +101,7 @@ def partition_shards(
     _check_clients(num_clients, n, "images")
     size = n // num_clients if shard_size is None else shard_size
     if size < 1 or size * num_clients > n:
-        raise PartitionError(
-            f"{num_clients} shards of {size} images need {size * num_clients} images, have {n}"
-        )
+        raise PartitionError(f"{num_clients} shards of {size} images need {size * num_clients} images, have {n}")
     perm = np.random.default_rng(seed).permutation(n)[: size * num_clients]
     return [np.sort(shard).astype(np.int64) for shard in perm.reshape(num_clients, size)]
 

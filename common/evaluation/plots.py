@@ -118,8 +118,11 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
     if unbounded:
         notes.append(f"{len(unbounded)} unbounded (ε = ∞, raw updates visible to the server)")
     strategy = summary.get("strategy")
-    ax.set_title(f"Per-client ε against an untrusted server ({_delta_text(summary.get('delta'))}"
-                 f"{', ' + str(strategy) if strategy else ''})\n" + " · ".join(notes), fontsize=11)
+    ax.set_title(
+        f"Per-client ε against an untrusted server ({_delta_text(summary.get('delta'))}"
+        f"{', ' + str(strategy) if strategy else ''})\n" + " · ".join(notes),
+        fontsize=11,
+    )
     if not rows:
         _no_data(ax, "no clients in summary.json")
     elif len(rows) <= MAX_BARS:
@@ -143,33 +146,42 @@ def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
         for i in idle:
             ax.text(x[i], top * 0.01, "0", ha="center", va="bottom", color="0.4", fontsize=7 if small else 9)
     if unbounded:
-        xs = x[len(finite):]
-        ax.bar(xs, [top] * len(unbounded), color="none", edgecolor="C3", hatch="//",
-               label="unbounded (ε = ∞, no guarantee against the server)")
+        xs = x[len(finite) :]
+        ax.bar(
+            xs,
+            [top] * len(unbounded),
+            color="none",
+            edgecolor="C3",
+            hatch="//",
+            label="unbounded (ε = ∞, no guarantee against the server)",
+        )
         for xi in xs:
-            ax.text(xi, top * 0.5, "∞", ha="center", va="center", color="C3", fontsize=10 if small else 16,
-                    bbox=dict(facecolor="white", edgecolor="none", pad=1))
+            ax.text(
+                xi,
+                top * 0.5,
+                "∞",
+                ha="center",
+                va="center",
+                color="C3",
+                fontsize=10 if small else 16,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1),
+            )
     if amp is not None:
-        ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5,
-                   label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+        ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5, label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
     ax.set_ylim(0, top)
     ax.set_xlim(-0.6, len(x) - 0.4)
-    ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if small else 0,
-                  fontsize=7 if small else 10)
+    ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if small else 0, fontsize=7 if small else 10)
     ax.set_xlabel("client id (sorted by ε)")
     ax.set_ylabel("ε (per client, no amplification)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2 if small else -0.14), ncol=2, fontsize=9,
-              frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2 if small else -0.14), ncol=2, fontsize=9, frameon=False)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _epsilon_histogram(ax, values: list[float], amp: float | None) -> None:
     if values:
-        ax.hist(values, bins=min(30, max(5, len(set(values)))), color="C0", edgecolor="white",
-                label="clients")
+        ax.hist(values, bins=min(30, max(5, len(set(values)))), color="C0", edgecolor="white", label="clients")
     if amp is not None:
-        ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5,
-                   label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+        ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5, label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
     ax.set_xlabel("ε per client (no amplification)")
     ax.set_ylabel("number of clients")
     if values or amp is not None:
@@ -189,8 +201,7 @@ def _metric_value(value: Any) -> tuple[float | None, float | None]:
     return finite_or_none(value), None
 
 
-def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid",
-                        delta: float | None = None) -> Path:
+def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid", delta: float | None = None) -> Path:
     """``metric`` of checkpoints of one run against the ε spent by then (max over clients).
 
     ``points`` are ``{"step", "epsilon_max", metric}`` (``delta`` may ride along in each point);
@@ -208,15 +219,24 @@ def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid",
     ax = axes[0, 0]
     name, label = METRIC_LABELS.get(metric, (metric, metric))
     skipped = len(points) - len(data)
-    ax.set_title(f"{name} vs privacy spent ({_delta_text(delta)})"
-                 + (f"\n{skipped} of {len(points)} checkpoints without a value left out" if skipped else ""),
-                 fontsize=11)
+    ax.set_title(
+        f"{name} vs privacy spent ({_delta_text(delta)})"
+        + (f"\n{skipped} of {len(points)} checkpoints without a value left out" if skipped else ""),
+        fontsize=11,
+    )
     if not data:
         _no_data(ax, f"no checkpoint has both ε and {metric}")
         return _save(fig, path)
-    steps, eps, values, errs = zip(*data)
-    ax.errorbar(eps, values, yerr=[e or 0.0 for e in errs] if any(errs) else None, marker="o",
-                color="C0", capsize=3, linewidth=1.5)
+    steps, eps, values, errs = zip(*data, strict=False)
+    ax.errorbar(
+        eps,
+        values,
+        yerr=[e or 0.0 for e in errs] if any(errs) else None,
+        marker="o",
+        color="C0",
+        capsize=3,
+        linewidth=1.5,
+    )
     every = max(1, math.ceil(len(data) / 12))
     for i, (step, x, y, _) in enumerate(data):
         if step is not None and (i % every == 0 or i == len(data) - 1):
@@ -296,21 +316,33 @@ def plot_bytes_per_step(runs: list[dict], path: Path) -> Path:
     ax = axes[0, 0]
     ax.set_title("Communication per generator step, per participating client", fontsize=11)
     per_run = [_bytes_per_step(r) for r in runs]
-    known = [v for b in per_run for v in (finite_or_none(b.get("down")), finite_or_none(b.get("up")))
-             if v is not None and v > 0]
+    known = [
+        v
+        for b in per_run
+        for v in (finite_or_none(b.get("down")), finite_or_none(b.get("up")))
+        if v is not None and v > 0
+    ]
     if not known:
         _no_data(ax, "no bytes_per_step in the runs given")
         return _save(fig, path)
     x, width = np.arange(len(runs)), 0.38
-    for offset, key, color, name in ((-width / 2, "down", "C0", "down (server → client)"),
-                                     (width / 2, "up", "C1", "up (client → server)")):
+    for offset, key, color, name in (
+        (-width / 2, "down", "C0", "down (server → client)"),
+        (width / 2, "up", "C1", "up (client → server)"),
+    ):
         vals = [finite_or_none(b.get(key)) for b in per_run]
         shown = [v if v is not None and v > 0 else np.nan for v in vals]
         bars = ax.bar(x + offset, shown, width, color=color, label=name)
-        for bar, v in zip(bars, vals):
+        for bar, v in zip(bars, vals, strict=False):
             y = v if v is not None and v > 0 else min(known)
-            ax.annotate(format_bytes(v) if v is not None and v > 0 else "n/a", (bar.get_x() + width / 2, y),
-                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            ax.annotate(
+                format_bytes(v) if v is not None and v > 0 else "n/a",
+                (bar.get_x() + width / 2, y),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize=8,
+            )
     ax.set_yscale("log")
     ax.set_ylim(min(known) / 3, max(known) * 6)
     ax.set_xticks(x, labels)
@@ -336,7 +368,7 @@ def tile_images(images: np.ndarray, *, rows: int, pad: int = 2) -> np.ndarray:
     grid = np.zeros((rows * (h + pad) + pad, cols * (w + pad) + pad), dtype=np.uint8)
     for i, img in enumerate(images):
         r, c = divmod(i, cols)
-        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = img
+        grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + c * (w + pad) : pad + c * (w + pad) + w] = img
     return grid
 
 
@@ -375,8 +407,9 @@ def plot_sample_grid(images: np.ndarray, path: Path, *, rows: int, title: str | 
     return _save(fig, path)
 
 
-def side_by_side(left_png: Path, right_png: Path, path: Path, *, titles: tuple[str, str],
-                 rows: int | None = None) -> Path:
+def side_by_side(
+    left_png: Path, right_png: Path, path: Path, *, titles: tuple[str, str], rows: int | None = None
+) -> Path:
     """Two sample grids next to each other (the debugging task: suspect clients vs the rest)."""
     grids = []
     for png in (left_png, right_png):
@@ -386,6 +419,6 @@ def side_by_side(left_png: Path, right_png: Path, path: Path, *, titles: tuple[s
     width = sum(g.shape[1] for g in grids)
     scale = 2.0 / DPI
     fig, axes = _new_figure(max(6.0, width * scale + 1.2), height * scale + 0.7, ncols=2)
-    for ax, grid, title in zip(axes[0], grids, titles):
+    for ax, grid, title in zip(axes[0], grids, titles, strict=False):
         _show_grid(ax, grid, rows=rows, title=title)
     return _save(fig, path)

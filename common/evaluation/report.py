@@ -153,8 +153,14 @@ def _epsilon_summary(summary: dict) -> str:
     if finite:
         parts.append(f"min {finite[0]:.4g} · median {statistics.median(finite):.4g} · max {finite[-1]:.4g}")
     if unbounded:
-        reason = next((c.get("epsilon_reason") for c in summary.get("clients") or []
-                       if c.get("queries") and c.get("epsilon") is None and c.get("epsilon_reason")), "")
+        reason = next(
+            (
+                c.get("epsilon_reason")
+                for c in summary.get("clients") or []
+                if c.get("queries") and c.get("epsilon") is None and c.get("epsilon_reason")
+            ),
+            "",
+        )
         parts.append(f"unbounded (null) for {unbounded} client(s)" + (f": {reason}" if reason else ""))
     if not answered:
         parts.append("0 (no client answered a query)")
@@ -168,9 +174,11 @@ def _amplified(summary: dict) -> str:
         return "n/a"
     if amp.get("epsilon") is None and amp.get("epsilon_reason"):
         return f"{amp['epsilon_reason']} — {amp.get('assumption', '')}"
-    details = [f"q = {_num(amp.get('sample_rate'))}" if "sample_rate" in amp else "",
-               f"T = {amp['steps']} steps" if "steps" in amp else "",
-               f"noise multiplier {_num(amp.get('query_noise_multiplier'))}" if "query_noise_multiplier" in amp else ""]
+    details = [
+        f"q = {_num(amp.get('sample_rate'))}" if "sample_rate" in amp else "",
+        f"T = {amp['steps']} steps" if "steps" in amp else "",
+        f"noise multiplier {_num(amp.get('query_noise_multiplier'))}" if "query_noise_multiplier" in amp else "",
+    ]
     details = ", ".join(d for d in details if d)
     assumption = amp.get("assumption") or "assumes the server samples clients uniformly (trusted sampling)"
     return f"{_num(amp.get('epsilon'))}" + (f" ({details})" if details else "") + f" — {assumption}"
@@ -180,7 +188,9 @@ def _duration(seconds: Any) -> str:
     s = finite_or_none(seconds)
     if s is None:
         return "n/a"
-    return f"{s:.1f} s" if s < 120 else f"{s:.0f} s ({s / 3600:.2f} h)" if s >= 3600 else f"{s:.0f} s ({s / 60:.1f} min)"
+    return (
+        f"{s:.1f} s" if s < 120 else f"{s:.0f} s ({s / 3600:.2f} h)" if s >= 3600 else f"{s:.0f} s ({s / 60:.1f} min)"
+    )
 
 
 def headline_rows(summary: dict) -> list[tuple[str, str]]:
@@ -201,15 +211,23 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
         ("strategy", f"{get('strategy', 'n/a')} ({get('status', 'status unknown')})"),
         ("data · model", f"{get('dataset', 'n/a')}, {get('partition', 'n/a')} partition · {get('model', 'n/a')}"),
         ("generator steps", f"{get('steps_completed', 'n/a')} / {get('steps_planned', 'n/a')}"),
-        ("clients · mechanism", f"K = {get('num_clients', 'n/a')}; "
-                                + (", ".join(f"{k} = {_num(v)}" for k, v in mechanism.items()) or "n/a")),
-        (f"ε {get('epsilon_kind') or 'per client, untrusted server'} (δ = {_num(delta, 'g')}, {accountant})",
-         _epsilon_summary(summary)),
+        (
+            "clients · mechanism",
+            f"K = {get('num_clients', 'n/a')}; "
+            + (", ".join(f"{k} = {_num(v)}" for k, v in mechanism.items()) or "n/a"),
+        ),
+        (
+            f"ε {get('epsilon_kind') or 'per client, untrusted server'} (δ = {_num(delta, 'g')}, {accountant})",
+            _epsilon_summary(summary),
+        ),
         ("accounting rule", str(get("accounting", "n/a"))),
         (f"ε {amp.get('kind') or 'amplified, trusted sampling'} (δ = {_num(delta, 'g')})", _amplified(summary)),
         ("bytes / step / client", f"down {_bytes(per_step.get('down'))} · up {_bytes(per_step.get('up'))}"),
-        ("bytes total", f"down {_bytes(comm.get('bytes_down_total'))} · up {_bytes(comm.get('bytes_up_total'))}"
-                        + (f" · wire dtype {get('wire_dtype')}" if get("wire_dtype") else "")),
+        (
+            "bytes total",
+            f"down {_bytes(comm.get('bytes_down_total'))} · up {_bytes(comm.get('bytes_up_total'))}"
+            + (f" · wire dtype {get('wire_dtype')}" if get("wire_dtype") else ""),
+        ),
         ("wall time", _duration(get("wall_s"))),
         ("run directory", str(get("run_dir", "n/a"))),
     ]
@@ -219,8 +237,10 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
 # --- HTML ------------------------------------------------------------------------------------------
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> str:
     head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>" if header else ""
-    body = "".join("<tr><th>" + _e(r[0]) + "</th>" + "".join(f'<td class="num">{_e(c)}</td>' for c in r[1:])
-                   + "</tr>" for r in rows)
+    body = "".join(
+        "<tr><th>" + _e(r[0]) + "</th>" + "".join(f'<td class="num">{_e(c)}</td>' for c in r[1:]) + "</tr>"
+        for r in rows
+    )
     return f"<table>{head}{body}</table>"
 
 
@@ -228,32 +248,47 @@ def _clients_table(summary: dict) -> str:
     clients = summary.get("clients") or []
     if not clients:
         return ""
-    rows = [(str(c.get("client_id", i)), str(c.get("queries", 0)),
-             _num(c.get("epsilon")) if c.get("queries") else "0",
-             _num(c.get("epsilon_prv")) if c.get("queries") else "0",
-             format_bytes(finite_or_none(c.get("bytes_down"))), format_bytes(finite_or_none(c.get("bytes_up"))))
-            for i, c in enumerate(clients)]
+    rows = [
+        (
+            str(c.get("client_id", i)),
+            str(c.get("queries", 0)),
+            _num(c.get("epsilon")) if c.get("queries") else "0",
+            _num(c.get("epsilon_prv")) if c.get("queries") else "0",
+            format_bytes(finite_or_none(c.get("bytes_down"))),
+            format_bytes(finite_or_none(c.get("bytes_up"))),
+        )
+        for i, c in enumerate(clients)
+    ]
     header = ("client", "queries", "ε (headline)", "ε (PRV)", "bytes down", "bytes up")
-    return (f"<details><summary>per-client ledger ({len(clients)} clients; n/a = unbounded)</summary>"
-            f"{_table(rows, header)}</details>")
+    return (
+        f"<details><summary>per-client ledger ({len(clients)} clients; n/a = unbounded)</summary>"
+        f"{_table(rows, header)}</details>"
+    )
 
 
 def _figure(name: str, entry: Path | str | tuple[Path | str, str]) -> str:
-    path, caption = (entry if isinstance(entry, tuple) else
-                     (entry, next((c for k, c in CAPTIONS.items() if name.startswith(k)), name.replace("_", " "))))
+    path, caption = (
+        entry
+        if isinstance(entry, tuple)
+        else (entry, next((c for k, c in CAPTIONS.items() if name.startswith(k)), name.replace("_", " ")))
+    )
     path = Path(path)
     try:
         data = path.read_bytes()
         with Image.open(path) as img:
             width = img.width
     except (OSError, ValueError) as err:
-        return (f'<figure><p class="missing">{_e(name)}: image {_e(path)} could not be read '
-                f"({_e(type(err).__name__)})</p></figure>")
+        return (
+            f'<figure><p class="missing">{_e(name)}: image {_e(path)} could not be read '
+            f"({_e(type(err).__name__)})</p></figure>"
+        )
     # raw sample grids are a few hundred pixels wide: show them twice as large, without blurring
     style = f' class="pixels" width="{2 * width}"' if width < 500 else ""
     uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-    return (f'<figure id="{_e(name)}"><img src="{uri}" alt="{_e(name)}"{style}>'
-            f"<figcaption><b>{_e(name)}</b>: {_e(caption)}</figcaption></figure>")
+    return (
+        f'<figure id="{_e(name)}"><img src="{uri}" alt="{_e(name)}"{style}>'
+        f"<figcaption><b>{_e(name)}</b>: {_e(caption)}</figcaption></figure>"
+    )
 
 
 def _latest_samples(run_dir: Path) -> Path | None:
@@ -270,9 +305,14 @@ def render_report(summary: dict, eval_result: dict | None, plots: dict[str, Any]
         f"<style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(summary.get("run_dir", ""))}</p>',
-        *([f'<p class="statement"><b>NOT PRIVATE</b>: {_e("; ".join(summary["not_private"]))}</p>']
-          if summary.get("not_private") else []),
-        "<h2>Run</h2>", _table(headline_rows(summary)), _clients_table(summary),
+        *(
+            [f'<p class="statement"><b>NOT PRIVATE</b>: {_e("; ".join(summary["not_private"]))}</p>']
+            if summary.get("not_private")
+            else []
+        ),
+        "<h2>Run</h2>",
+        _table(headline_rows(summary)),
+        _clients_table(summary),
         "<h2>Evaluation</h2>",
         _table(ev, ("figure", "value", "samples")) if ev else "<p>No evaluation results.</p>",
         "<h2>Privacy statement</h2>",
@@ -286,8 +326,7 @@ def render_report(summary: dict, eval_result: dict | None, plots: dict[str, Any]
     return "\n".join(parts)
 
 
-def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path], *,
-                 title: str | None = None) -> Path:
+def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path], *, title: str | None = None) -> Path:
     """Write ``run_dir/report.html`` from ``summary.json``, ``eval_result`` and the plot PNGs.
 
     ``plots`` maps a name to a PNG (or to ``(png, caption)``); known names (``epsilon_per_client``,
@@ -298,8 +337,10 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        raise FileNotFoundError(f"{summary_path} does not exist: report.html is written for a finished "
-                                "run (its summary.json is written at the end)")
+        raise FileNotFoundError(
+            f"{summary_path} does not exist: report.html is written for a finished "
+            "run (its summary.json is written at the end)"
+        )
     summary = json.loads(summary_path.read_text())
     plots = dict(plots or {})
     latest = _latest_samples(run_dir)

@@ -78,8 +78,7 @@ def train_eval(
 ) -> float:
     """Test accuracy of an ``arch`` classifier trained from scratch on the training pair."""
     model = build_classifier(arch, num_classes, seed)
-    fit_classifier(model, train_images, train_labels, epochs=epochs, batch_size=batch_size, lr=lr,
-                   seed=seed, desc=arch)
+    fit_classifier(model, train_images, train_labels, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, desc=arch)
     return accuracy(model, test_images, test_labels)
 
 
@@ -117,8 +116,7 @@ def gen2real(
     seed: int = 0,
 ) -> dict[str, float]:
     """Train on generated samples with their conditioning labels, test on the real test split."""
-    return _utility((gen_images, gen_labels), (real_test_images, real_test_labels), num_classes,
-                    archs, epochs, seed)
+    return _utility((gen_images, gen_labels), (real_test_images, real_test_labels), num_classes, archs, epochs, seed)
 
 
 def real2gen(
@@ -133,5 +131,4 @@ def real2gen(
     seed: int = 0,
 ) -> dict[str, float]:
     """Train on the real training split, test on generated samples against their conditioning labels."""
-    return _utility((real_train_images, real_train_labels), (gen_images, gen_labels), num_classes,
-                    archs, epochs, seed)
+    return _utility((real_train_images, real_train_labels), (gen_images, gen_labels), num_classes, archs, epochs, seed)

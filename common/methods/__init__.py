@@ -26,8 +26,9 @@ class Method:
 METHODS: dict[str, Method] = {
     "gswgan": Method("common.methods.gswgan", "server.strategies.gswgan:GsWganStrategy", "client.handlers.gswgan"),
     "dpgan": Method("common.methods.dpgan", "server.strategies.dpgan:DpganStrategy", "client.handlers.dpgan"),
-    "fedavg-gan": Method("common.methods.fedavg_gan", "server.strategies.fedavg_gan:FedAvgGanStrategy",
-                         "client.handlers.fedavg_gan"),
+    "fedavg-gan": Method(
+        "common.methods.fedavg_gan", "server.strategies.fedavg_gan:FedAvgGanStrategy", "client.handlers.fedavg_gan"
+    ),
 }
 
 

@@ -62,10 +62,15 @@ def validate(c: ExperimentConfig) -> None:
     check_choice(c, "dpgan_loss", LOSSES)
     check_all(c, ("dpgan_batch_size", "dpgan_n_d"), lambda v: v >= 1, "must be >= 1")
     check_all(c, ("dpgan_clip", "dpgan_lr"), lambda v: v > 0, "must be > 0")
-    check(c.dpgan_noise_multiplier > 0, "dpgan_noise_multiplier", c.dpgan_noise_multiplier,
-          "must be > 0 (Opacus needs noise)")
-    check(0 < c.dpgan_adaptive_threshold < 1, "dpgan_adaptive_threshold", c.dpgan_adaptive_threshold,
-          "must be in (0, 1)")
+    check(
+        c.dpgan_noise_multiplier > 0,
+        "dpgan_noise_multiplier",
+        c.dpgan_noise_multiplier,
+        "must be > 0 (Opacus needs noise)",
+    )
+    check(
+        0 < c.dpgan_adaptive_threshold < 1, "dpgan_adaptive_threshold", c.dpgan_adaptive_threshold, "must be in (0, 1)"
+    )
 
 
 @dataclass
@@ -118,7 +123,9 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     target = cfg.target_epsilon
     q = min(1.0, cfg.dpgan_batch_size / pooled_size)
     sigma = subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d, cfg.delta)
-    return cfg.replace(dpgan_noise_multiplier=sigma, client_epsilon_budget=min(cfg.client_epsilon_budget or target, target))
+    return cfg.replace(
+        dpgan_noise_multiplier=sigma, client_epsilon_budget=min(cfg.client_epsilon_budget or target, target)
+    )
 
 
 def node_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path) -> PrivacyLedger:
@@ -127,7 +134,7 @@ def node_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path) ->
 
 
 # --- the curator ---------------------------------------------------------------------------------
-_NODES: dict[str, "DpganNode"] = {}
+_NODES: dict[str, DpganNode] = {}
 
 
 @dataclass
@@ -151,8 +158,13 @@ class DpganNode:
 
     def step_event(self, count: int) -> PrivacyEvent:
         """``count`` DP-SGD discriminator steps: a Poisson-subsampled Gaussian (σ, q = B/N)."""
-        return PrivacyEvent(noise_multiplier=self.trainer.noise_multiplier, sample_rate=self.sample_rate,
-                            count=count, sampling="poisson", void=self.void)
+        return PrivacyEvent(
+            noise_multiplier=self.trainer.noise_multiplier,
+            sample_rate=self.sample_rate,
+            count=count,
+            sampling="poisson",
+            void=self.void,
+        )
 
 
 def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,19 +180,36 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
     sample_rate = min(1.0, cfg.dpgan_batch_size / len(labels))
     sigma = cfg.dpgan_noise_multiplier  # already calibrated for --target-epsilon (common/calibration.py)
     trainer = DpDiscriminatorTrainer(
-        build_dpgan_discriminator(cfg.model, num_classes=num_classes), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999),
-        noise_multiplier=sigma, max_grad_norm=cfg.dpgan_clip,
-        sample_rate=sample_rate, expected_batch_size=cfg.dpgan_batch_size,
-        loss=cfg.dpgan_loss, gp_weight=cfg.gp_weight, generator=noise)
+        build_dpgan_discriminator(cfg.model, num_classes=num_classes),
+        lr=cfg.dpgan_lr,
+        betas=(cfg.beta1, 0.999),
+        noise_multiplier=sigma,
+        max_grad_norm=cfg.dpgan_clip,
+        sample_rate=sample_rate,
+        expected_batch_size=cfg.dpgan_batch_size,
+        loss=cfg.dpgan_loss,
+        gp_weight=cfg.gp_weight,
+        generator=noise,
+    )
     gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
-    schedule = AdaptiveND(threshold=cfg.dpgan_adaptive_threshold, initial_n_d=cfg.dpgan_n_d) \
-        if cfg.dpgan_adaptive else None
+    schedule = (
+        AdaptiveND(threshold=cfg.dpgan_adaptive_threshold, initial_n_d=cfg.dpgan_n_d) if cfg.dpgan_adaptive else None
+    )
     sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
     void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else sampler.void_reason
-    return DpganNode(images=images, labels=labels, trainer=trainer, generator=gen,
-                     g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),
-                     schedule=schedule, n_d=cfg.dpgan_n_d, ledger=PrivacyLedger(),
-                     rng=torch.Generator().manual_seed(cfg.seed * 31 + 7), sampler=sampler, void=void)
+    return DpganNode(
+        images=images,
+        labels=labels,
+        trainer=trainer,
+        generator=gen,
+        g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),
+        schedule=schedule,
+        n_d=cfg.dpgan_n_d,
+        ledger=PrivacyLedger(),
+        rng=torch.Generator().manual_seed(cfg.seed * 31 + 7),
+        sampler=sampler,
+        void=void,
+    )
 
 
 def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,11 +249,17 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
     path = node_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
-        "D": node.trainer.D.state_dict(), "d_opt": node.trainer.optimizer.original_optimizer.state_dict(),
-        "G": node.generator.state_dict(), "g_opt": node.g_optimizer.state_dict(),
-        "schedule": node.schedule.state_dict() if node.schedule else None, "n_d": node.n_d,
-        "ledger": node.ledger.state_dict(), "rng": node.rng.get_state(), "rounds": node.rounds,
-        "steps_taken": node.trainer.steps_taken, "sampler": node.sampler.state_dict(),
+        "D": node.trainer.D.state_dict(),
+        "d_opt": node.trainer.optimizer.original_optimizer.state_dict(),
+        "G": node.generator.state_dict(),
+        "g_opt": node.g_optimizer.state_dict(),
+        "schedule": node.schedule.state_dict() if node.schedule else None,
+        "n_d": node.n_d,
+        "ledger": node.ledger.state_dict(),
+        "rng": node.rng.get_state(),
+        "rounds": node.rounds,
+        "steps_taken": node.trainer.steps_taken,
+        "sampler": node.sampler.state_dict(),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)

@@ -44,15 +44,18 @@ class Options:
     """Fed-Avg GAN's section of the configuration."""
 
     fedavg_clients_per_round: int = option(
-        10, "fedavg-gan: expected clients m per round: each client is sampled independently with "
-        "probability q = m/K (DP-FedAvg's Poisson sampling) and the noisy sum is divided by the fixed m")
+        10,
+        "fedavg-gan: expected clients m per round: each client is sampled independently with "
+        "probability q = m/K (DP-FedAvg's Poisson sampling) and the noisy sum is divided by the fixed m",
+    )
     local_steps: int = option(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
     server_g_steps: int = option(6, "fedavg-gan: generator SGD steps on the server per round")
     fedavg_lr_d: float = option(5e-4, "fedavg-gan: clients' discriminator SGD learning rate")
     fedavg_lr_g: float = option(5e-3, "fedavg-gan: server's generator SGD learning rate")
     fedavg_clip: float = option(0.1, "fedavg-gan: L2 clip S of each client's whole discriminator delta")
     fedavg_noise_multiplier: float = option(
-        0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)")
+        0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)"
+    )
 
 
 def validate(c: ExperimentConfig) -> None:
@@ -107,9 +110,7 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 
 
 @torch.no_grad()
-def _fakes(
-    G: nn.Module, n: int, *, z_dim: int, num_classes: int, generator: torch.Generator
-) -> tuple[Tensor, Tensor]:
+def _fakes(G: nn.Module, n: int, *, z_dim: int, num_classes: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """``n`` fakes from the frozen G with uniformly drawn labels."""
     y = torch.randint(0, num_classes, (n,), generator=generator)
     return G(sample_latent(n, z_dim, generator=generator), y), y
@@ -149,12 +150,17 @@ def client_update(
     optimizer = torch.optim.SGD(D.parameters(), lr=lr)
     order = torch.randperm(real_images.shape[0], generator=generator)
     for batch in order.split(batch_size)[:local_steps]:
-        fake, fake_y = _fakes(
-            G, len(batch), z_dim=z_dim, num_classes=num_classes, generator=generator
-        )
+        fake, fake_y = _fakes(G, len(batch), z_dim=z_dim, num_classes=num_classes, generator=generator)
         real, real_y = real_images[batch], real_labels[batch]
         critic_step(
-            D, optimizer, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift,
+            D,
+            optimizer,
+            real,
+            real_y,
+            fake,
+            fake_y,
+            gp_weight=gp_weight,
+            drift=drift,
             generator=generator,
         )
     return flatten_delta(D_state, D.state_dict())

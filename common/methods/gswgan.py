@@ -57,40 +57,57 @@ class Options:
     n_critic: int = option(5, "local WGAN-GP discriminator steps per query")
     clients_per_step: int = option(1, "clients m sampled uniformly per generator step")
     noise_multiplier: float = option(
-        1.07, "sigma: noise std is 2*sigma*clip per coordinate (relative to sensitivity 2*clip)")
+        1.07, "sigma: noise std is 2*sigma*clip per coordinate (relative to sensitivity 2*clip)"
+    )
     clip: float = option(1.0, "per-sample L2 clipping bound C of the generator gradient")
     lr_g: float = option(1e-4, "generator Adam learning rate")
     lr_d: float = option(1e-4, "discriminator Adam learning rate")
     warmup_steps: int = option(0, "non-private warm-start iterations of each client's D on first contact")
     wire_dtype: str = option(
-        "float16", "dtype of the noisy gradients on the uplink, float16 or float32 (float16 is cast after "
-        "the noise: post-processing, the privacy ledger is unchanged)")
+        "float16",
+        "dtype of the noisy gradients on the uplink, float16 or float32 (float16 is cast after "
+        "the noise: post-processing, the privacy ledger is unchanged)",
+    )
     wire_samples: str = option(
-        "uint8", "encoding of the generated samples on the downlink, uint8 (8-bit levels; the client "
-        "trains and differentiates at the dequantized images) or float32")
+        "uint8",
+        "encoding of the generated samples on the downlink, uint8 (8-bit levels; the client "
+        "trains and differentiates at the dequantized images) or float32",
+    )
     wire_compression: str = option(
-        "deflate", "lossless compression of the wire arrays, deflate (level 1, only where it is smaller) "
-        "or none")
+        "deflate", "lossless compression of the wire arrays, deflate (level 1, only where it is smaller) or none"
+    )
     critic_fakes: str = option(
-        "fresh", "fakes of the clients' critic steps: fresh (the server sends n_critic extra batches), "
+        "fresh",
+        "fakes of the clients' critic steps: fresh (the server sends n_critic extra batches), "
         "query (reuse the queried batch), replay (reuse a client-side buffer of recently received "
-        "batches, kept in memory only); query and replay send one batch per step")
+        "batches, kept in memory only); query and replay send one batch per step",
+    )
     replay_batches: int = option(5, "critic_fakes=replay: received batches a client keeps for its critic steps")
     client_stats: bool = option(
-        False, "clients also send their critic statistics (Wasserstein estimate, losses, gradient norms) "
+        False,
+        "clients also send their critic statistics (Wasserstein estimate, losses, gradient norms) "
         "for the training curves; they are computed on private data WITHOUT noise, so this voids the privacy "
-        "guarantee: debugging on non-sensitive data only (off: only the sanitized gradient leaves a client)")
+        "guarantee: debugging on non-sensitive data only (off: only the sanitized gradient leaves a client)",
+    )
 
 
 def validate(c: ExperimentConfig) -> None:
     """The section's own checks (``ExperimentConfig`` runs them with every other section's)."""
-    for name, choices in (("wire_dtype", WIRE_DTYPES), ("wire_samples", WIRE_SAMPLES),
-                          ("wire_compression", WIRE_COMPRESSIONS), ("critic_fakes", CRITIC_FAKES)):
+    for name, choices in (
+        ("wire_dtype", WIRE_DTYPES),
+        ("wire_samples", WIRE_SAMPLES),
+        ("wire_compression", WIRE_COMPRESSIONS),
+        ("critic_fakes", CRITIC_FAKES),
+    ):
         check_choice(c, name, choices)
     check(c.replay_batches >= 1, "replay_batches", c.replay_batches, "must be >= 1")
     check(c.n_critic >= 0, "n_critic", c.n_critic, "must be >= 0")
-    check(1 <= c.clients_per_step <= c.num_clients, "clients_per_step", c.clients_per_step,
-          f"must be between 1 and num_clients={c.num_clients}")
+    check(
+        1 <= c.clients_per_step <= c.num_clients,
+        "clients_per_step",
+        c.clients_per_step,
+        f"must be between 1 and num_clients={c.num_clients}",
+    )
     check(c.noise_multiplier >= 0, "noise_multiplier", c.noise_multiplier, "must be >= 0")
     check(c.clip > 0, "clip", c.clip, "must be > 0")
     check_all(c, ("lr_g", "lr_d"), lambda v: v > 0, "must be > 0")
@@ -144,20 +161,31 @@ def real_batch(state: ClientState, batch_size: int) -> tuple[torch.Tensor, torch
     return state.data.images[idx], state.data.labels[idx]
 
 
-def critic_steps(state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor, labels: torch.Tensor,
-                 batch_size: int) -> dict[str, float]:
+def critic_steps(
+    state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor, labels: torch.Tensor, batch_size: int
+) -> dict[str, float]:
     """n_critic WGAN-GP steps of D_k, one per fake batch; returns the last step's statistics."""
     stats: dict[str, float] = {}
     for i in range(cfg.n_critic):
         sl = slice(i * batch_size, (i + 1) * batch_size)
         real, real_y = real_batch(state, batch_size)
-        stats = critic_step(state.discriminator, state.optimizer, real, real_y, fakes[sl], labels[sl],
-                            gp_weight=cfg.gp_weight, drift=cfg.drift, generator=state.data_rng)
+        stats = critic_step(
+            state.discriminator,
+            state.optimizer,
+            real,
+            real_y,
+            fakes[sl],
+            labels[sl],
+            gp_weight=cfg.gp_weight,
+            drift=cfg.drift,
+            generator=state.data_rng,
+        )
     return stats
 
 
-def select_critic_fakes(state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor,
-                        labels: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def select_critic_fakes(
+    state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor, labels: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The n_critic * B fakes and labels of the critic steps, as ``cfg.critic_fakes`` says.
 
     fresh: the extra batches the server sent; query: the queried batch, once per step (each step
@@ -172,8 +200,9 @@ def select_critic_fakes(state: ClientState, cfg: ExperimentConfig, fakes: torch.
     return replay_fakes(state, cfg, query_fake, query_y, batch_size)
 
 
-def replay_fakes(state: ClientState, cfg: ExperimentConfig, fake: torch.Tensor, y: torch.Tensor,
-                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def replay_fakes(
+    state: ClientState, cfg: ExperimentConfig, fake: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw each critic batch from the buffered batches plus the queried one, then buffer the latter.
 
     Draws use the client's own data RNG (persisted with its state), so a run is reproducible as
@@ -215,8 +244,17 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
         y = torch.randint(num_classes, (B,), generator=state.data_rng)
         fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng), y)
         real, real_y = real_batch(state, B)
-        critic_step(state.discriminator, state.optimizer, real, real_y, fake.detach(), y,
-                    gp_weight=cfg.gp_weight, drift=cfg.drift, generator=state.data_rng)
+        critic_step(
+            state.discriminator,
+            state.optimizer,
+            real,
+            real_y,
+            fake.detach(),
+            y,
+            gp_weight=cfg.gp_weight,
+            drift=cfg.drift,
+            generator=state.data_rng,
+        )
         if (it + 1) % max(cfg.n_critic, 1) == 0:
             g_opt.zero_grad(set_to_none=True)
             (-state.discriminator(fake, y).mean()).backward()
@@ -224,8 +262,9 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     state.warmed_up = True
 
 
-def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery,
-                 policy: NodePolicy | None = None) -> GsAnswer:
+def answer_query(
+    state: ClientState, cfg: ExperimentConfig, query: GsQuery, policy: NodePolicy | None = None
+) -> GsAnswer:
     """Run one GS-WGAN query on this client, or refuse it when its budget would be exceeded.
 
     The budget and its δ are the node's (``policy``: the smaller of its own maximum and what the
@@ -234,8 +273,9 @@ def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery,
     policy = policy or NodePolicy()
     B = query.batch_size
     if B != cfg.batch_size:  # B sets the query's noise multiplier σ/√B: the run's B, or nothing
-        return _refusal(state, cfg, query.step, f"the query asks for B = {B} samples, the run's batch size is "
-                        f"{cfg.batch_size}")
+        return _refusal(
+            state, cfg, query.step, f"the query asks for B = {B} samples, the run's batch size is {cfg.batch_size}"
+        )
     event = planned_event(cfg, B)
     over = policy.over_budget(state.ledger, event, cfg)
     if over:
@@ -250,8 +290,13 @@ def answer_query(state: ClientState, cfg: ExperimentConfig, query: GsQuery,
     stats["grad_norm_mean"] = float(grads.flatten(1).norm(dim=1).mean())
     stats["clip_fraction"] = float((grads.flatten(1).norm(dim=1) > cfg.clip).float().mean())
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, query.step)
-    noisy, ran = sanitize_sample_grads(grads, clip=cfg.clip, noise_multiplier=cfg.noise_multiplier,
-                                       generator=noise, void=void or (VOID_CLIENT_STATS if cfg.client_stats else ""))
+    noisy, ran = sanitize_sample_grads(
+        grads,
+        clip=cfg.clip,
+        noise_multiplier=cfg.noise_multiplier,
+        generator=noise,
+        void=void or (VOID_CLIENT_STATS if cfg.client_stats else ""),
+    )
     state.ledger.record(ran)
     state.version += 1
     # Wire encoding strictly after the noise: the float16 cast and deflate are post-processing.
@@ -274,8 +319,14 @@ def _refusal(state: ClientState, cfg: ExperimentConfig, step: int, why: str) -> 
     """A refusal: nothing is released or charged. The reason depends only on the ledger (public
     to the server through the answers it received) and the configurations, never on the data."""
     reason = f"client {state.client_id} refuses: {why}"
-    return GsAnswer(step=step, client_id=state.client_id, refused=True, reason=reason,
-                    queries=state.ledger.queries, epsilon=state.ledger.epsilon(delta=cfg.delta))
+    return GsAnswer(
+        step=step,
+        client_id=state.client_id,
+        refused=True,
+        reason=reason,
+        queries=state.ledger.queries,
+        epsilon=state.ledger.epsilon(delta=cfg.delta),
+    )
 
 
 # --- the server's side --------------------------------------------------------------------------
@@ -288,9 +339,7 @@ class ServerGenerator:
         self.num_classes = num_classes
         self.model = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
         self.ema = GeneratorEMA(self.model, decay=cfg.ema_decay)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2)
-        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
         self.rng = torch.Generator().manual_seed(cfg.seed)
 
     def draw_labels(self, n: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from opacus.accountants import PRVAccountant
@@ -115,8 +115,9 @@ def rdp_curve(events: Iterable[Event], *, orders: Sequence[float] = ORDERS) -> n
     return total
 
 
-def unit_rdp(noise_multiplier: float, sample_rate: float, sampling: str,
-             orders: Sequence[float] = ORDERS) -> np.ndarray:
+def unit_rdp(
+    noise_multiplier: float, sample_rate: float, sampling: str, orders: Sequence[float] = ORDERS
+) -> np.ndarray:
     """RDP curve of ONE run of a Gaussian under ``sampling`` ("none", "poisson", "wor"; see
     ``events.py``): Opacus' subsampled-Gaussian bound, or Wang et al.'s without replacement."""
     orders = tuple(float(a) for a in orders)
@@ -125,9 +126,7 @@ def unit_rdp(noise_multiplier: float, sample_rate: float, sampling: str,
     return _unit_rdp(float(noise_multiplier), 1.0 if sampling == "none" else float(sample_rate), orders)
 
 
-def epsilon_from_rdp(
-    rdp: np.ndarray, *, delta: float, orders: Sequence[float] = ORDERS
-) -> tuple[float, float]:
+def epsilon_from_rdp(rdp: np.ndarray, *, delta: float, orders: Sequence[float] = ORDERS) -> tuple[float, float]:
     """(ε, best order) from an RDP curve via Opacus' conversion (Balle et al. 2020, Thm. 21).
 
     No release (all zeros) gives (0, nan): the conversion itself would report a small positive ε.
@@ -143,9 +142,7 @@ def epsilon_from_rdp(
     return max(float(eps), 0.0), float(order)
 
 
-def rdp_epsilon(
-    events: Iterable[Event], *, delta: float, orders: Sequence[float] = ORDERS
-) -> tuple[float, float]:
+def rdp_epsilon(events: Iterable[Event], *, delta: float, orders: Sequence[float] = ORDERS) -> tuple[float, float]:
     """(ε, best RDP order) of heterogeneous events composed with Opacus' RDP accountant.
 
     Zero events give ε=0; any event with noise multiplier 0 gives ε=inf. The order is nan in both
@@ -163,9 +160,7 @@ def prv_epsilon(events: Iterable[Event], *, delta: float) -> float | None:
     return eps
 
 
-def prv_epsilon_with_reason(
-    events: Iterable[Event], *, delta: float
-) -> tuple[float | None, str | None]:
+def prv_epsilon_with_reason(events: Iterable[Event], *, delta: float) -> tuple[float | None, str | None]:
     """(ε, None) from PRV, or (None, reason) when it fails.
 
     PRV returns the *upper* end of its error interval, so it stays a guarantee. It fails, and we
@@ -204,17 +199,13 @@ def _prv_cached(events: tuple[Event, ...], delta: float) -> tuple[float | None, 
     return max(eps, 0.0), None
 
 
-def _prv_eps_error(
-    events: tuple[Event, ...], *, delta: float, delta_error: float
-) -> tuple[float | None, str | None]:
+def _prv_eps_error(events: tuple[Event, ...], *, delta: float, delta_error: float) -> tuple[float | None, str | None]:
     """eps_error for PRV (see PRV_EPS_ERRORS), or None and why; grid size as PRVAccountant._get_domain."""
     prvs = [PoissonSubsampledGaussianPRV(sample_rate=q, noise_multiplier=nm) for nm, q, _ in events]
     counts = [count for _, _, count in events]
     # Opacus' bound is max(L, eps_error) + 3 with L from RDP, independent of eps_error otherwise:
     # compute L once (it costs RDP evaluations) and apply the max per candidate.
-    base = compute_safe_domain_size(
-        prvs=prvs, max_self_compositions=counts, eps_error=0.0, delta_error=delta_error
-    )
+    base = compute_safe_domain_size(prvs=prvs, max_self_compositions=counts, eps_error=0.0, delta_error=delta_error)
     floor = PRV_RELATIVE_ERROR * rdp_epsilon(events, delta=delta)[0]
     for eps_error in PRV_EPS_ERRORS:
         if eps_error < floor and eps_error != PRV_EPS_ERRORS[-1]:

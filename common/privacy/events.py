@@ -20,8 +20,9 @@ whatever its noise multiplier, which then only describes the mechanism as if it 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 SAMPLINGS = ("none", "poisson", "wor")
 # Why a release is not private although it may carry noise (``PrivacyEvent.void``).
@@ -58,8 +59,9 @@ class PrivacyEvent:
         if sampling == "wor":
             m = q * population
             if population < 1 or abs(m - round(m)) > 1e-6 * max(1.0, m):
-                raise ValueError(f"sampling without replacement needs an integer sample m = q·n, got "
-                                 f"q={q}, n={self.population}")
+                raise ValueError(
+                    f"sampling without replacement needs an integer sample m = q·n, got q={q}, n={self.population}"
+                )
         object.__setattr__(self, "sampling", sampling)
         object.__setattr__(self, "population", population)
         object.__setattr__(self, "count", int(self.count))
@@ -83,13 +85,15 @@ class PrivacyEvent:
 
     def times(self, count: int) -> PrivacyEvent:
         """The same mechanism run ``count`` times."""
-        return PrivacyEvent(self.noise_multiplier, self.sample_rate, count, self.sampling, self.population,
-                            self.void)
+        return PrivacyEvent(self.noise_multiplier, self.sample_rate, count, self.sampling, self.population, self.void)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"noise_multiplier": float(self.noise_multiplier),
-                               "sample_rate": float(self.sample_rate), "count": int(self.count),
-                               "sampling": self.sampling}
+        out: dict[str, Any] = {
+            "noise_multiplier": float(self.noise_multiplier),
+            "sample_rate": float(self.sample_rate),
+            "count": int(self.count),
+            "sampling": self.sampling,
+        }
         if self.sampling == "wor":
             out["population"] = self.population
         if self.void:
@@ -98,6 +102,11 @@ class PrivacyEvent:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PrivacyEvent:
-        return cls(noise_multiplier=float(data["noise_multiplier"]), sample_rate=float(data["sample_rate"]),
-                   count=int(data.get("count", 1)), sampling=str(data.get("sampling", "")),
-                   population=int(data.get("population", 0)), void=str(data.get("void", "")))
+        return cls(
+            noise_multiplier=float(data["noise_multiplier"]),
+            sample_rate=float(data["sample_rate"]),
+            count=int(data.get("count", 1)),
+            sampling=str(data.get("sampling", "")),
+            population=int(data.get("population", 0)),
+            void=str(data.get("void", "")),
+        )

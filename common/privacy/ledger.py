@@ -14,7 +14,8 @@ check, so that a debugging run still stops where a private one would.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +39,9 @@ def _check_adjacency(history: list[PrivacyEvent]) -> None:
     ledger composing both would mix two notions of neighbouring data sets."""
     kinds = {e.sampling for e in history}
     if {"poisson", "wor"} <= kinds:
-        raise ValueError("a ledger cannot compose Poisson-sampled (add/remove) and without-replacement "
-                         "(replace-one) events")
+        raise ValueError(
+            "a ledger cannot compose Poisson-sampled (add/remove) and without-replacement (replace-one) events"
+        )
 
 
 def _curve(history: Iterable[PrivacyEvent]) -> np.ndarray:
@@ -210,6 +212,8 @@ class PrivacyLedger:
     def __repr__(self) -> str:
         runs = ", ".join(
             f"{e.count}×(nm={e.noise_multiplier:.4g}, q={e.sample_rate:.4g}, {e.sampling}"
-            + (f", VOID {e.void}" if e.void else "") + ")" for e in self._history
+            + (f", VOID {e.void}" if e.void else "")
+            + ")"
+            for e in self._history
         )
         return f"PrivacyLedger({runs})"

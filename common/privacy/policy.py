@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 POLICY_ENV = "FEDGAN_NODE_POLICY"
 POLICY_FILE_KEY = "privacy-policy"
@@ -45,8 +46,12 @@ class NodePolicy:
     source: str = "default policy"
 
     def __post_init__(self) -> None:
-        _require(self.min_noise_multiplier >= 0 and math.isfinite(self.min_noise_multiplier), self,
-                 "min-noise-multiplier", "must be a finite number >= 0")
+        _require(
+            self.min_noise_multiplier >= 0 and math.isfinite(self.min_noise_multiplier),
+            self,
+            "min-noise-multiplier",
+            "must be a finite number >= 0",
+        )
         _require(self.max_epsilon >= 0 and not math.isnan(self.max_epsilon), self, "max-epsilon", "must be >= 0")
         _require(0 < self.delta < 1, self, "delta", "must be in (0, 1)")
         _require(isinstance(self.allow_nonprivate, bool), self, "allow-nonprivate", "must be true or false")
@@ -77,19 +82,23 @@ class NodePolicy:
         if self.max_epsilon > 0 and cfg.client_epsilon_budget > self.max_epsilon:
             out.append(f"epsilon budget {cfg.client_epsilon_budget:g} exceeds the node's maximum {self.max_epsilon:g}")
         if self.max_epsilon > 0 and _method(cfg).UNBOUNDED_AGAINST_SERVER:
-            out.append(f"{cfg.strategy} sends raw discriminator updates to the server (epsilon unbounded against "
-                       f"it), beyond the node's maximum epsilon {self.max_epsilon:g}")
+            out.append(
+                f"{cfg.strategy} sends raw discriminator updates to the server (epsilon unbounded against "
+                f"it), beyond the node's maximum epsilon {self.max_epsilon:g}"
+            )
         if cfg.delta > self.delta:
             out.append(f"delta {cfg.delta:g} is larger than the node's delta {self.delta:g}")
         if not self.allow_nonprivate:
-            out += [f"{option} is not allowed by the node (allow-nonprivate = false)"
-                    for option in nonprivate_options(cfg)]
+            out += [
+                f"{option} is not allowed by the node (allow-nonprivate = false)" for option in nonprivate_options(cfg)
+            ]
         return out
 
     def check_release(self, noise_multiplier: float, what: str) -> str | None:
         """Why the node refuses one release with this noise (None: it may go ahead)."""
         if noise_multiplier < self.min_noise_multiplier:
-            return f"{what}: noise multiplier {noise_multiplier:g} is below the node's minimum {self.min_noise_multiplier:g}"
+            minimum = self.min_noise_multiplier
+            return f"{what}: noise multiplier {noise_multiplier:g} is below the node's minimum {minimum:g}"
         if noise_multiplier == 0 and not self.allow_nonprivate:
             return f"{what}: a release without noise is not allowed by the node (allow-nonprivate = false)"
         return None
@@ -162,8 +171,11 @@ def policy_from_file(path: str | Path) -> NodePolicy:
 
 def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
     """The node's policy from its node config or environment (see the module docstring)."""
-    inline = {k[len(NODE_CONFIG_PREFIX):]: v for k, v in node_config.items()
-              if k.startswith(NODE_CONFIG_PREFIX) and k != POLICY_FILE_KEY}
+    inline = {
+        k[len(NODE_CONFIG_PREFIX) :]: v
+        for k, v in node_config.items()
+        if k.startswith(NODE_CONFIG_PREFIX) and k != POLICY_FILE_KEY
+    }
     if inline:
         return policy_from_mapping(inline, source="node config")
     if node_config.get(POLICY_FILE_KEY):

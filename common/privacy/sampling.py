@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 T = TypeVar("T")
-VOID_SAMPLING_SEED = ("reproducible sampling (--sampling-seed, testing only): who was sampled is predictable "
-                      "from the published configuration, so amplification by subsampling does not hold")
+VOID_SAMPLING_SEED = (
+    "reproducible sampling (--sampling-seed, testing only): who was sampled is predictable "
+    "from the published configuration, so amplification by subsampling does not hold"
+)
 
 
 class Sampler:

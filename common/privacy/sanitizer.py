@@ -19,9 +19,7 @@ from .events import VOID_NOISE_SEED, PrivacyEvent
 _NORM_EPS = 1e-12
 
 
-def noise_generator(
-    seed: int | None = None, *, device: str | torch.device = "cpu"
-) -> torch.Generator:
+def noise_generator(seed: int | None = None, *, device: str | torch.device = "cpu") -> torch.Generator:
     """Generator for the DP noise, seeded from the OS CSPRNG (``secrets``) unless ``seed`` is given.
 
     A fixed seed makes the noise predictable to anyone who knows it, which voids the guarantee: it
@@ -68,9 +66,7 @@ def sanitize_sample_grads(
         work = zero_non_finite_rows(work)
         clipped = clip_sample_grads(work, clip=clip)
         if noise_multiplier > 0:
-            noise = torch.randn(
-                work.shape, generator=generator, device=generator.device, dtype=work.dtype
-            )
+            noise = torch.randn(work.shape, generator=generator, device=generator.device, dtype=work.dtype)
             clipped = clipped + noise.to(work.device) * (2.0 * noise_multiplier * clip)
         sanitized = clipped.to(grads.dtype)
     event = PrivacyEvent(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .ledger import PrivacyLedger
 
@@ -71,13 +72,18 @@ def fmt_epsilon(eps: float | None) -> str:
 
 
 # --- figures ------------------------------------------------------------------------------------
-def client_entry(client_id: int, ledger: PrivacyLedger, *, delta: float, accountant: str,
-                 final: bool = False) -> dict[str, Any]:
+def client_entry(
+    client_id: int, ledger: PrivacyLedger, *, delta: float, accountant: str, final: bool = False
+) -> dict[str, Any]:
     """One client's figures from its ledger: ``epsilon`` is the headline (``accountant``), null when
     unbounded with ``epsilon_reason``; ``epsilon_rdp``/``epsilon_prv`` beside it (PRV at the end)."""
     eps, reason = ledger.headline(delta=delta, accountant=accountant) if ledger.queries else (0.0, None)
-    entry = {"client_id": client_id, "queries": ledger.queries, "epsilon": _json_eps(eps),
-             "epsilon_reason": reason or ""}
+    entry = {
+        "client_id": client_id,
+        "queries": ledger.queries,
+        "epsilon": _json_eps(eps),
+        "epsilon_reason": reason or "",
+    }
     if final:
         entry["epsilon_rdp"] = _json_eps(ledger.rdp_epsilon(delta=delta)[0])
         entry["epsilon_prv"] = ledger.epsilon_both(delta=delta)["epsilon_prv"] if ledger.queries else 0.0
@@ -94,8 +100,9 @@ def max_epsilon(entries: Iterable[Mapping[str, Any]]) -> float | None:
     return max(values, default=0.0)
 
 
-def server_entry(ledger: PrivacyLedger, *, delta: float, accountant: str, kind: str, rule: str,
-                 final: bool = False) -> dict[str, Any]:
+def server_entry(
+    ledger: PrivacyLedger, *, delta: float, accountant: str, kind: str, rule: str, final: bool = False
+) -> dict[str, Any]:
     """The figure that rests on the server's behaviour (amplified or user-level), from its ledger."""
     eps, reason = ledger.headline(delta=delta, accountant=accountant) if ledger.queries else (0.0, None)
     history = ledger.history
@@ -128,59 +135,85 @@ def not_private_notice(reasons: list[str]) -> str:
 # --- statements ---------------------------------------------------------------------------------
 def _weak(eps: float | None) -> str:
     if eps is None or eps > WEAK_GUARANTEE_EPSILON:
-        return (f" At ε above about {WEAK_GUARANTEE_EPSILON:g} (or unbounded) the formal guarantee is weak: it "
-                "does not rule out that the generator reveals individual training examples.")
+        return (
+            f" At ε above about {WEAK_GUARANTEE_EPSILON:g} (or unbounded) the formal guarantee is weak: it "
+            "does not rule out that the generator reveals individual training examples."
+        )
     return ""
 
 
-def _per_client_sentence(ledgers: Mapping[int, PrivacyLedger], *, delta: float, accountant: str,
-                         what: str) -> tuple[str, float | None]:
+def _per_client_sentence(
+    ledgers: Mapping[int, PrivacyLedger], *, delta: float, accountant: str, what: str
+) -> tuple[str, float | None]:
     active = {cid: ledger for cid, ledger in ledgers.items() if ledger.queries > 0}
     if not active:
         return f"Per-client guarantee ({KIND_PER_CLIENT}): no client has released anything, so ε = 0.", 0.0
     entries = {cid: client_entry(cid, ledger, delta=delta, accountant=accountant) for cid, ledger in active.items()}
     unbounded = [cid for cid, e in entries.items() if e["epsilon"] is None]
     counts = [ledger.queries for ledger in active.values()]
-    lead = (f"Per-client guarantee ({KIND_PER_CLIENT}): {len(active)} of {len(ledgers)} clients made "
-            f"{sum(counts)} releases ({what}; {min(counts)} to {max(counts)} each); ")
+    lead = (
+        f"Per-client guarantee ({KIND_PER_CLIENT}): {len(active)} of {len(ledgers)} clients made "
+        f"{sum(counts)} releases ({what}; {min(counts)} to {max(counts)} each); "
+    )
     if unbounded:
-        return lead + (f"ε is unbounded for {len(unbounded)} of them ({entries[unbounded[0]]['epsilon_reason']}); "
-                       "clients that released nothing have ε = 0."), None
+        return lead + (
+            f"ε is unbounded for {len(unbounded)} of them ({entries[unbounded[0]]['epsilon_reason']}); "
+            "clients that released nothing have ε = 0."
+        ), None
     worst = max(entries, key=lambda c: entries[c]["epsilon"])
     prv, why = active[worst].prv_epsilon(delta=delta)
     beside = f"PRV {fmt_epsilon(prv)}" if prv is not None else f"PRV not available: {why}"
     median = statistics.median(e["epsilon"] for e in entries.values())
-    return lead + (f"the most exposed client ({worst}, {active[worst].queries} releases) has ε = "
-                   f"{fmt_epsilon(entries[worst]['epsilon'])} ({beside}); the median is ε = {fmt_epsilon(median)}; "
-                   "clients that released nothing have ε = 0."), entries[worst]["epsilon"]
+    return lead + (
+        f"the most exposed client ({worst}, {active[worst].queries} releases) has ε = "
+        f"{fmt_epsilon(entries[worst]['epsilon'])} ({beside}); the median is ε = {fmt_epsilon(median)}; "
+        "clients that released nothing have ε = 0."
+    ), entries[worst]["epsilon"]
 
 
 def _server_sentence(ledger: PrivacyLedger, *, delta: float, accountant: str, lead: str) -> str:
     entry = server_entry(ledger, delta=delta, accountant=accountant, kind="", rule="")
     if entry["epsilon"] is None:
         return f"{lead}: ε is unbounded ({entry['epsilon_reason']})."
-    return (f"{lead}: ε = {fmt_epsilon(entry['epsilon'])} over {entry['steps']} recorded steps "
-            f"(largest sampling rate {entry['sample_rate']:.4g}, noise multiplier {entry['query_noise_multiplier']:.4g}).")
+    return (
+        f"{lead}: ε = {fmt_epsilon(entry['epsilon'])} over {entry['steps']} recorded steps "
+        f"(largest sampling rate {entry['sample_rate']:.4g}, noise multiplier {entry['query_noise_multiplier']:.4g})."
+    )
 
 
-def gswgan_statement(ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, *, delta: float,
-                     accountant: str, noise_multiplier: float, batch_size: int,
-                     prior: str = "") -> str:
+def gswgan_statement(
+    ledgers: Mapping[int, PrivacyLedger],
+    server: PrivacyLedger,
+    *,
+    delta: float,
+    accountant: str,
+    noise_multiplier: float,
+    batch_size: int,
+    prior: str = "",
+) -> str:
     """GS-WGAN: the per-client headline from the clients' ledgers, the amplified figure from the
     server's record of its sampling. ``prior`` describes releases made before this run that its
     ledgers include (the debugging task's selection query)."""
     nm = noise_multiplier / math.sqrt(batch_size)
-    intro = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Each answered query releases "
-             f"B = {batch_size} noisy per-sample generator gradients (each clipped to norm C, noise std 2σC with "
-             f"σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}.")
+    intro = (
+        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Each answered query releases "
+        f"B = {batch_size} noisy per-sample generator gradients (each clipped to norm C, noise std 2σC with "
+        f"σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}."
+    )
     per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
-    amplified = _server_sentence(server, delta=delta, accountant=accountant,
-                                 lead="Amplified guarantee (secondary; assumes the server's sampling is secret "
-                                      "and uniform, which a client cannot verify)")
+    amplified = _server_sentence(
+        server,
+        delta=delta,
+        accountant=accountant,
+        lead="Amplified guarantee (secondary; assumes the server's sampling is secret "
+        "and uniform, which a client cannot verify)",
+    )
     amp_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
     if worst is not None and math.isfinite(amp_eps) and amp_eps > worst:
-        amplified += (" Amplification does not help at this noise level: this bound is above the per-client ε, "
-                      "which holds with a trusted server too.")
+        amplified += (
+            " Amplification does not help at this noise level: this bound is above the per-client ε, "
+            "which holds with a trusted server too."
+        )
     parts = [intro, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
     if prior:
         parts.append(prior)
@@ -194,24 +227,39 @@ def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str) -> 
     entry = client_entry(0, ledger, delta=delta, accountant=accountant)
     last = ledger.history[-1] if ledger.history else None
     eps = entry["epsilon"]
-    body = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Centralized DPGAN: every training "
-            f"example is protected at ε = {fmt_epsilon(eps)}"
-            + (f" ({entry['epsilon_reason']})" if entry["epsilon_reason"] else "")
-            + f" by DP-SGD on the discriminator over {ledger.queries} noisy steps"
-            + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
-            + ". This assumes the curator node that pools the data is trusted.")
+    body = (
+        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Centralized DPGAN: every training "
+        f"example is protected at ε = {fmt_epsilon(eps)}"
+        + (f" ({entry['epsilon_reason']})" if entry["epsilon_reason"] else "")
+        + f" by DP-SGD on the discriminator over {ledger.queries} noisy steps"
+        + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
+        + ". This assumes the curator node that pools the data is trusted."
+    )
     return _assemble([ledger], [body, f"Rule: {RULE_DPGAN}."], eps)
 
 
-def fedavg_statement(ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, *, delta: float,
-                     accountant: str, clip: float, noise_multiplier: float) -> str:
+def fedavg_statement(
+    ledgers: Mapping[int, PrivacyLedger],
+    server: PrivacyLedger,
+    *,
+    delta: float,
+    accountant: str,
+    clip: float,
+    noise_multiplier: float,
+) -> str:
     """Fed-Avg GAN: unbounded per client against the server; user-level with a trusted server."""
-    intro = (f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
-             f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm S = {clip:g} "
-             f"and the server adds Gaussian noise of std zS (z = {noise_multiplier:g}) to their sum.")
+    intro = (
+        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
+        f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm S = {clip:g} "
+        f"and the server adds Gaussian noise of std zS (z = {noise_multiplier:g}) to their sum."
+    )
     per_client, _ = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="raw deltas sent")
-    user = _server_sentence(server, delta=delta, accountant=accountant,
-                            lead="With a trusted server that samples secretly and adds the noise, user-level")
+    user = _server_sentence(
+        server,
+        delta=delta,
+        accountant=accountant,
+        lead="With a trusted server that samples secretly and adds the noise, user-level",
+    )
     server_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
     parts = [intro, per_client, f"Rule: {RULE_FEDAVG_UNTRUSTED}.", user, f"Rule: {RULE_FEDAVG_USER}."]
     # The clients' void marks (raw deltas) are the strategy, not a debugging option: only the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import mpmath
 import numpy as np

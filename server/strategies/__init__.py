@@ -8,8 +8,9 @@ from common.methods import METHODS, adapter, core
 from .base import Incoming, Outgoing, PriorReleases, StepOutcome, Strategy
 
 
-def build_strategy(cfg: ExperimentConfig, num_classes: int, state_dir: str,
-                   prior: PriorReleases | None = None) -> Strategy:
+def build_strategy(
+    cfg: ExperimentConfig, num_classes: int, state_dir: str, prior: PriorReleases | None = None
+) -> Strategy:
     """The strategy of ``cfg.strategy``; ``prior`` releases only for a method whose core accepts them."""
     method = core(cfg.strategy)
     strategy_cls = adapter(METHODS[cfg.strategy].strategy)

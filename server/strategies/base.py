@@ -110,12 +110,10 @@ class Strategy(ABC):
         """
 
     @abstractmethod
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def ledger_queries(self, nodes: list[int]) -> list[Outgoing]:
         """Messages asking clients for their own ledgers at the end of a run (default: none)."""

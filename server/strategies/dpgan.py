@@ -24,7 +24,6 @@ from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.sampling import VOID_SAMPLING_SEED
 from common.privacy.statement import KIND_EXAMPLE, RULE_DPGAN, client_entry, dpgan_statement, not_private_reasons
-
 from protos import wire
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
@@ -32,7 +31,6 @@ from .records import ClientRecords
 
 
 class DpganStrategy(Strategy):
-
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
@@ -56,9 +54,13 @@ class DpganStrategy(Strategy):
         cfg = self.cfg
         q = self.last.get("sample_rate") or 1.0  # unknown before the first reply: no amplification assumed
         void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else (VOID_SAMPLING_SEED if cfg.sampling_seed >= 0 else "")
-        return PrivacyEvent(noise_multiplier=float(self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier)),
-                            sample_rate=float(q), count=int(self.last.get("n_d", cfg.dpgan_n_d)),
-                            sampling="poisson", void=void)
+        return PrivacyEvent(
+            noise_multiplier=float(self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier)),
+            sample_rate=float(q),
+            count=int(self.last.get("n_d", cfg.dpgan_n_d)),
+            sampling="poisson",
+            void=void,
+        )
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
         outcome = StepOutcome(took_step=False)
@@ -87,8 +89,12 @@ class DpganStrategy(Strategy):
         self.ema.update(self.generator)
         self.records.absorb(self.node_client, [reply], final=False)
         self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
-        self.last = {"noise_multiplier": answer.noise_multiplier, "sample_rate": answer.sample_rate,
-                     "n_d": answer.n_d, "discriminator_steps": answer.discriminator_steps}
+        self.last = {
+            "noise_multiplier": answer.noise_multiplier,
+            "sample_rate": answer.sample_rate,
+            "n_d": answer.n_d,
+            "discriminator_steps": answer.discriminator_steps,
+        }
         self.rounds_done += 1
         outcome.took_step = True
         outcome.metrics = {f"train/{k}": v for k, v in answer.stats.items()}
@@ -113,14 +119,18 @@ class DpganStrategy(Strategy):
             "epsilon_kind": KIND_EXAMPLE,
             "accounting": RULE_DPGAN,
             "not_private": not_private_reasons([ledger]),
-            "mechanism": {"B": cfg.dpgan_batch_size, "σ": self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier),
-                          "C": cfg.dpgan_clip, "q": self.last.get("sample_rate") or 0.0},
+            "mechanism": {
+                "B": cfg.dpgan_batch_size,
+                "σ": self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier),
+                "C": cfg.dpgan_clip,
+                "q": self.last.get("sample_rate") or 0.0,
+            },
             "epsilon_amplified": {
                 "epsilon": None,
                 "epsilon_reason": "not applicable",
                 "kind": "",
                 "assumption": "not applicable: the curator node does its own Poisson sampling, already "
-                              "included in the example-level ε",
+                "included in the example-level ε",
             },
             "summary_extra": {
                 "sample_rate": self.last.get("sample_rate"),
@@ -135,8 +145,13 @@ class DpganStrategy(Strategy):
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.state_dict(), "ema": self.ema.state_dict(),
-                "records": self.records.state_dict(), "rounds_done": self.rounds_done, "last": self.last}
+        return {
+            "generator": self.generator.state_dict(),
+            "ema": self.ema.state_dict(),
+            "records": self.records.state_dict(),
+            "rounds_done": self.rounds_done,
+            "last": self.last,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])

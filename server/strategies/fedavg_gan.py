@@ -37,7 +37,6 @@ from common.privacy.statement import (
     not_private_reasons,
     server_entry,
 )
-
 from protos import wire
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
@@ -45,7 +44,6 @@ from .records import ClientRecords
 
 
 class FedAvgGanStrategy(Strategy):
-
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg, self.num_classes = cfg, num_classes
@@ -97,17 +95,29 @@ class FedAvgGanStrategy(Strategy):
         state = self.discriminator.state_dict()
         template = flatten_delta(state, state)
         try:
-            update, info = aggregate_deltas(deltas, template=template, clip_norm=self.cfg.fedavg_clip,
-                                            noise_multiplier=self.cfg.fedavg_noise_multiplier,
-                                            num_sampled=self.cfg.fedavg_clients_per_round, generator=self._noise())
+            update, info = aggregate_deltas(
+                deltas,
+                template=template,
+                clip_norm=self.cfg.fedavg_clip,
+                noise_multiplier=self.cfg.fedavg_noise_multiplier,
+                num_sampled=self.cfg.fedavg_clients_per_round,
+                generator=self._noise(),
+            )
         except ValueError as err:  # a reply of the wrong shape: no release, nothing to account
             outcome.notes.append(f"round {step} dropped: {err}")
             return outcome
         self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
         apply_delta(self.discriminator, update)
-        stats = server_generator_steps(self.generator, self.discriminator, steps=self.cfg.server_g_steps,
-                                       lr=self.cfg.fedavg_lr_g, batch_size=self.cfg.batch_size,
-                                       z_dim=self.cfg.z_dim, num_classes=self.num_classes, generator=self.rng)
+        stats = server_generator_steps(
+            self.generator,
+            self.discriminator,
+            steps=self.cfg.server_g_steps,
+            lr=self.cfg.fedavg_lr_g,
+            batch_size=self.cfg.batch_size,
+            z_dim=self.cfg.z_dim,
+            num_classes=self.num_classes,
+            generator=self.rng,
+        )
         self.ema.update(self.generator)
         self.rounds_done += 1
         outcome.took_step = True
@@ -127,30 +137,53 @@ class FedAvgGanStrategy(Strategy):
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
         cfg = self.cfg
         ledgers = self.records.ledgers(range(cfg.num_clients))
-        clients = [client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
-                   for cid, ledger in ledgers.items()]
+        clients = [
+            client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+            for cid, ledger in ledgers.items()
+        ]
         report = {
             "clients": clients,
             "epsilon_max": max_epsilon(clients),
             "epsilon_kind": KIND_PER_CLIENT,
             "accounting": RULE_FEDAVG_UNTRUSTED,
-            "epsilon_amplified": server_entry(self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
-                                              kind=KIND_USER, rule=RULE_FEDAVG_USER, final=final),
+            "epsilon_amplified": server_entry(
+                self.server_ledger,
+                delta=cfg.delta,
+                accountant=cfg.accountant,
+                kind=KIND_USER,
+                rule=RULE_FEDAVG_USER,
+                final=final,
+            ),
             "not_private": not_private_reasons([self.server_ledger]),
-            "mechanism": {"S": cfg.fedavg_clip, "z": cfg.fedavg_noise_multiplier,
-                          "expected m per round": cfg.fedavg_clients_per_round, "q": self.sample_rate},
+            "mechanism": {
+                "S": cfg.fedavg_clip,
+                "z": cfg.fedavg_noise_multiplier,
+                "expected m per round": cfg.fedavg_clients_per_round,
+                "q": self.sample_rate,
+            },
         }
         if final:
-            report["statement"] = fedavg_statement(ledgers, self.server_ledger, delta=cfg.delta,
-                                                   accountant=cfg.accountant, clip=cfg.fedavg_clip,
-                                                   noise_multiplier=cfg.fedavg_noise_multiplier)
+            report["statement"] = fedavg_statement(
+                ledgers,
+                self.server_ledger,
+                delta=cfg.delta,
+                accountant=cfg.accountant,
+                clip=cfg.fedavg_clip,
+                noise_multiplier=cfg.fedavg_noise_multiplier,
+            )
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
-                "ema": self.ema.state_dict(), "rng": self.rng.get_state(), "rounds_done": self.rounds_done,
-                "server_ledger": self.server_ledger.state_dict(), "records": self.records.state_dict(),
-                "sampler": self.sampler.state_dict()}
+        return {
+            "generator": self.generator.state_dict(),
+            "discriminator": self.discriminator.state_dict(),
+            "ema": self.ema.state_dict(),
+            "rng": self.rng.get_state(),
+            "rounds_done": self.rounds_done,
+            "server_ledger": self.server_ledger.state_dict(),
+            "records": self.records.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])

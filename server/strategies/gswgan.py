@@ -43,10 +43,11 @@ from protos import wire
 from .base import Incoming, Outgoing, PriorReleases, StepOutcome, Strategy
 from .records import ClientRecords
 
-class GsWganStrategy(Strategy):
 
-    def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str,
-                 prior: PriorReleases | None = None) -> None:
+class GsWganStrategy(Strategy):
+    def __init__(
+        self, cfg: ExperimentConfig, num_classes: int, state_dir: str, prior: PriorReleases | None = None
+    ) -> None:
         self.cfg = cfg
         self.state_dir = state_dir
         self.generator = ServerGenerator(cfg, num_classes)
@@ -66,9 +67,15 @@ class GsWganStrategy(Strategy):
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         void = self.sampler.void_reason or self.planned.void
-        self.server_ledger.record(PrivacyEvent(noise_multiplier=self.planned.noise_multiplier,
-                                               sample_rate=len(chosen) / len(available), sampling="wor",
-                                               population=len(available), void=void))
+        self.server_ledger.record(
+            PrivacyEvent(
+                noise_multiplier=self.planned.noise_multiplier,
+                sample_rate=len(chosen) / len(available),
+                sampling="wor",
+                population=len(available),
+                void=void,
+            )
+        )
         return chosen
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
@@ -87,10 +94,16 @@ class GsWganStrategy(Strategy):
 
     def _query(self, step: int, fakes: torch.Tensor, labels: torch.Tensor) -> GsQuery:
         """Samples and labels in their wire encodings (the samples are public: any encoding is fine)."""
-        fake, encoding = encode_samples(fakes.numpy(), self.cfg.wire_samples,
-                                        compress=self.cfg.wire_compression == "deflate")
-        return GsQuery(step=step, batch_size=self.cfg.batch_size, fake=fake, fake_encoding=encoding,
-                       labels=encode_labels(labels.numpy(), self.generator.num_classes))
+        fake, encoding = encode_samples(
+            fakes.numpy(), self.cfg.wire_samples, compress=self.cfg.wire_compression == "deflate"
+        )
+        return GsQuery(
+            step=step,
+            batch_size=self.cfg.batch_size,
+            fake=fake,
+            fake_encoding=encoding,
+            labels=encode_labels(labels.numpy(), self.generator.num_classes),
+        )
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
         outcome = StepOutcome(took_step=False)
@@ -159,25 +172,43 @@ class GsWganStrategy(Strategy):
         """Per-client ε from the clients' ledgers, the amplified ε from the server's, beside it."""
         cfg = self.cfg
         ledgers = self.records.ledgers(range(cfg.num_clients))
-        clients = [client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
-                   for cid, ledger in ledgers.items()]
+        clients = [
+            client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+            for cid, ledger in ledgers.items()
+        ]
         report = {
             "clients": clients,
             "epsilon_max": max_epsilon(clients),
             "epsilon_kind": KIND_PER_CLIENT,
             "accounting": RULE_PER_CLIENT,
-            "epsilon_amplified": server_entry(self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
-                                              kind=KIND_AMPLIFIED, rule=RULE_AMPLIFIED_WOR, final=final),
+            "epsilon_amplified": server_entry(
+                self.server_ledger,
+                delta=cfg.delta,
+                accountant=cfg.accountant,
+                kind=KIND_AMPLIFIED,
+                rule=RULE_AMPLIFIED_WOR,
+                final=final,
+            ),
             # The per-client headline's: a void server ledger (--sampling-seed) voids only the amplified
             # figure, whose own epsilon_reason says so.
             "not_private": not_private_reasons(ledgers.values()),
-            "mechanism": {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip,
-                          "m per step": cfg.clients_per_step},
+            "mechanism": {
+                "B": cfg.batch_size,
+                "σ": cfg.noise_multiplier,
+                "C": cfg.clip,
+                "m per step": cfg.clients_per_step,
+            },
         }
         if final:
             report["statement"] = gswgan_statement(
-                ledgers, self.server_ledger, delta=cfg.delta, accountant=cfg.accountant,
-                noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size, prior=self.prior.description)
+                ledgers,
+                self.server_ledger,
+                delta=cfg.delta,
+                accountant=cfg.accountant,
+                noise_multiplier=cfg.noise_multiplier,
+                batch_size=cfg.batch_size,
+                prior=self.prior.description,
+            )
         return report
 
     # --- checkpoint ----------------------------------------------------------------------------

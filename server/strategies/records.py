@@ -46,8 +46,10 @@ class ClientRecords:
             self.own[cid] = own
             charged = self.charged.get(cid, NO_RELEASES)
             if final and charged.queries != own.queries:
-                notes.append(f"client {cid}: its ledger holds {own.queries} releases, the server's record "
-                             f"{charged.queries} (the larger is reported)")
+                notes.append(
+                    f"client {cid}: its ledger holds {own.queries} releases, the server's record "
+                    f"{charged.queries} (the larger is reported)"
+                )
         return notes
 
     def settle(self, client_id: int) -> None:
@@ -65,8 +67,10 @@ class ClientRecords:
         return {cid: self.ledger_of(cid) for cid in client_ids}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"charged": {c: led.state_dict() for c, led in self.charged.items()},
-                "own": {c: led.state_dict() for c, led in self.own.items()}}
+        return {
+            "charged": {c: led.state_dict() for c, led in self.charged.items()},
+            "own": {c: led.state_dict() for c, led in self.own.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.charged = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("charged", {}).items()}

@@ -219,9 +219,11 @@ def tls_run_config(dataplane_port: int | str) -> str:
     the SuperNodes' ``dataplane-address`` names.
     """
     certs = CERTS_IN_CONTAINER
-    return (f"dataplane='grpc' dataplane-bind='0.0.0.0' dataplane-port={dataplane_port} "
-            f"dataplane-tls-cert='{certs}/server.pem' dataplane-tls-key='{certs}/server.key' "
-            f"dataplane-tls-ca='{certs}/ca.crt'")
+    return (
+        f"dataplane='grpc' dataplane-bind='0.0.0.0' dataplane-port={dataplane_port} "
+        f"dataplane-tls-cert='{certs}/server.pem' dataplane-tls-key='{certs}/server.key' "
+        f"dataplane-tls-ca='{certs}/ca.crt'"
+    )
 
 
 def node_config(partition_id: int, num_clients: int) -> str:
@@ -230,9 +232,11 @@ def node_config(partition_id: int, num_clients: int) -> str:
     The string values keep their own quotes because Flower parses each ``key=value`` as TOML.
     ``${DATAPLANE_PORT}`` is left for docker-compose, which interpolates it inside the string.
     """
-    value = (f"partition-id={partition_id} num-partitions={num_clients} "
-             "state-dir='/state' data-dir='/data' "
-             f"dataplane-address='{DATAPLANE_HOST}:${{DATAPLANE_PORT}}'")
+    value = (
+        f"partition-id={partition_id} num-partitions={num_clients} "
+        "state-dir='/state' data-dir='/data' "
+        f"dataplane-address='{DATAPLANE_HOST}:${{DATAPLANE_PORT}}'"
+    )
     return '"' + value + '"'
 
 
@@ -240,8 +244,7 @@ def render_base(num_clients: int) -> str:
     """``docker-compose.yml`` for ``num_clients`` SuperNode/ClientApp pairs."""
     parts = [_HEADER.format(n=num_clients), "services:\n", _SUPERLINK, "\n", _SERVERAPP]
     for i in range(1, num_clients + 1):
-        fields = {"i": i, "port": SUPERNODE_RUNTIME_PORT,
-                  "node_config": node_config(i - 1, num_clients)}
+        fields = {"i": i, "port": SUPERNODE_RUNTIME_PORT, "node_config": node_config(i - 1, num_clients)}
         parts += ["\n", _SUPERNODE.format(**fields), "\n", _CLIENTAPP.format(**fields)]
     parts.append("\nvolumes:\n")
     parts += [f"  node-{i}-state:\n" for i in range(1, num_clients + 1)]
@@ -251,14 +254,29 @@ def render_base(num_clients: int) -> str:
 def render_tls(num_clients: int) -> str:
     """``docker-compose.tls.yml``: swaps ``--insecure`` for certificates on SuperLink links."""
     certs = CERTS_IN_CONTAINER
-    run_config = "\n".join(textwrap.wrap(tls_run_config("DATAPLANE_PORT"), width=96,
-                                         initial_indent="#   ", subsequent_indent="#   ",
-                                         break_on_hyphens=False))
-    parts = [_TLS_HEADER.format(n=num_clients, run_config=run_config), "services:\n",
-             _TLS_SUPERLINK.format(certs=certs), "\n", _TLS_SERVERAPP.format(certs=certs)]
+    run_config = "\n".join(
+        textwrap.wrap(
+            tls_run_config("DATAPLANE_PORT"),
+            width=96,
+            initial_indent="#   ",
+            subsequent_indent="#   ",
+            break_on_hyphens=False,
+        )
+    )
+    parts = [
+        _TLS_HEADER.format(n=num_clients, run_config=run_config),
+        "services:\n",
+        _TLS_SUPERLINK.format(certs=certs),
+        "\n",
+        _TLS_SERVERAPP.format(certs=certs),
+    ]
     for i in range(1, num_clients + 1):
-        parts += ["\n", _TLS_SUPERNODE.format(i=i, certs=certs, port=SUPERNODE_RUNTIME_PORT,
-                                               node_config=node_config(i - 1, num_clients))]
+        parts += [
+            "\n",
+            _TLS_SUPERNODE.format(
+                i=i, certs=certs, port=SUPERNODE_RUNTIME_PORT, node_config=node_config(i - 1, num_clients)
+            ),
+        ]
     return "".join(parts)
 
 
@@ -290,14 +308,22 @@ def write(num_clients: int, root: Path = ROOT) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the base file (or, with ``--write``, write both files and ``.env``)."""
-    parser = argparse.ArgumentParser(prog="python -m simulations.deploy.compose", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-clients", type=int, default=DEFAULT_NUM_CLIENTS,
-                        help=f"SuperNodes to generate (default {DEFAULT_NUM_CLIENTS}); "
-                             "`flwr run` needs num-clients equal to it")
-    parser.add_argument("--write", action="store_true",
-                        help=f"write {BASE_FILE}, {TLS_FILE} and NUM_CLIENTS in {ENV_FILE} "
-                             "instead of printing")
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.deploy.compose",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--num-clients",
+        type=int,
+        default=DEFAULT_NUM_CLIENTS,
+        help=f"SuperNodes to generate (default {DEFAULT_NUM_CLIENTS}); `flwr run` needs num-clients equal to it",
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write {BASE_FILE}, {TLS_FILE} and NUM_CLIENTS in {ENV_FILE} instead of printing",
+    )
     args = parser.parse_args(argv)
     if args.num_clients < 1:
         parser.error(f"--num-clients must be at least 1, got {args.num_clients}")

@@ -22,9 +22,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common.config import ExperimentConfig
 from common.data import data_root
@@ -111,11 +112,15 @@ class LocalDeployment:
         self.dataplane_port = free_port()  # the ServerApp's gRPC data plane, fixed so nodes can be told
         self.namespaces = netns.Namespaces() if self.use_netns else None
         self.tls_files: pki.TlsFiles | None = None
-        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                        PYTHONUNBUFFERED="1")
+        self.env = dict(
+            os.environ,
+            FLWR_HOME=str(self.home),
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
 
-    def __enter__(self) -> "LocalDeployment":
+    def __enter__(self) -> LocalDeployment:
         try:
             self.start()
         except BaseException:
@@ -133,8 +138,9 @@ class LocalDeployment:
             folder.mkdir(parents=True, exist_ok=True)
         hosts = [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
         if self.tls:
-            self.tls_files = pki.make_tls(self.workdir / "certs", hosts=["localhost", "127.0.0.1"]
-                                          + [h.host_ip for h in hosts])
+            self.tls_files = pki.make_tls(
+                self.workdir / "certs", hosts=["localhost", "127.0.0.1"] + [h.host_ip for h in hosts]
+            )
         self._start_superlink()
         self._write_flwr_config()
         keys = self._register_keys() if self.auth else [None] * self.num_nodes
@@ -154,17 +160,25 @@ class LocalDeployment:
     def _server_tls_args(self) -> list[str]:
         if self.tls_files is None:
             return ["--insecure"]
-        return ["--ssl-ca-certfile", str(self.tls_files.ca_cert), "--ssl-certfile", str(self.tls_files.server_cert),
-                "--ssl-keyfile", str(self.tls_files.server_key)]
+        return [
+            "--ssl-ca-certfile",
+            str(self.tls_files.ca_cert),
+            "--ssl-certfile",
+            str(self.tls_files.server_cert),
+            "--ssl-keyfile",
+            str(self.tls_files.server_key),
+        ]
 
     def _client_tls_args(self) -> list[str]:
         return ["--insecure"] if self.tls_files is None else ["--root-certificates", str(self.tls_files.ca_cert)]
 
     def _write_flwr_config(self) -> None:
-        lines = [f'[superlink]\ndefault = "{CONNECTION}"\n', f"[superlink.{CONNECTION}]",
-                 f'address = "127.0.0.1:{self.port}"']
-        lines.append("insecure = true" if self.tls_files is None
-                     else f'root-certificates = "{self.tls_files.ca_cert}"')
+        lines = [
+            f'[superlink]\ndefault = "{CONNECTION}"\n',
+            f"[superlink.{CONNECTION}]",
+            f'address = "127.0.0.1:{self.port}"',
+        ]
+        lines.append("insecure = true" if self.tls_files is None else f'root-certificates = "{self.tls_files.ca_cert}"')
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def _register_keys(self) -> list[pki.NodeKey]:
@@ -175,23 +189,38 @@ class LocalDeployment:
             keys.append(key)
         return keys
 
-    def start_supernode(self, index: int, *, key: pki.NodeKey | None = None, host: netns.Host | None = None,
-                        partition: int | None = None, name: str | None = None) -> Node:
+    def start_supernode(
+        self,
+        index: int,
+        *,
+        key: pki.NodeKey | None = None,
+        host: netns.Host | None = None,
+        partition: int | None = None,
+        name: str | None = None,
+    ) -> Node:
         """One SuperNode holding partition ``index`` (or ``partition``), behind its own relay."""
         partition = index if partition is None else partition
         target = ("127.0.0.1", self.port)
         relay = WireRelay(host.host_ip if host else "127.0.0.1", target)
         state_dir = self.workdir / "nodes" / str(index) / "state"
         state_dir.mkdir(parents=True, exist_ok=True)
-        node_config = (f"partition-id={partition} num-partitions={self.num_nodes} "
-                       f"state-dir='{state_dir}'")
+        node_config = f"partition-id={partition} num-partitions={self.num_nodes} state-dir='{state_dir}'"
         if self.node_policy is not None:
             node_config += f" privacy-policy='{self.node_policy}'"
         if host is not None:  # the advertised loopback address is not this node's loopback
             node_config += f" dataplane-address='{host.host_ip}:{self.dataplane_port}'"
-        args = ["flower-supernode", "--superlink", f"{relay.address[0]}:{relay.address[1]}",
-                "--port", str(free_port()), "--node-config", node_config, "--max-retries", "20",
-                *self._client_tls_args()]
+        args = [
+            "flower-supernode",
+            "--superlink",
+            f"{relay.address[0]}:{relay.address[1]}",
+            "--port",
+            str(free_port()),
+            "--node-config",
+            node_config,
+            "--max-retries",
+            "20",
+            *self._client_tls_args(),
+        ]
         if key is not None:
             args += ["--auth-supernode-private-key", str(key.private_key)]
         if host is not None:
@@ -204,14 +233,17 @@ class LocalDeployment:
     # ---- Flower CLI -----------------------------------------------------------------------------
     def flwr(self, *args: str, timeout: float = 120) -> Any:
         """Run Flower's CLI against this deployment; returns its JSON answer."""
-        result = subprocess.run(["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
-                                timeout=timeout)
+        result = subprocess.run(
+            ["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
         out = result.stdout
         try:
-            answer = json.loads(out[out.index("{"):])
+            answer = json.loads(out[out.index("{") :])
         except ValueError as err:
-            raise DeployError(f"`flwr {' '.join(args)}` gave no JSON (exit {result.returncode}):\n"
-                              f"{out[-2000:]}{result.stderr[-2000:]}") from err
+            raise DeployError(
+                f"`flwr {' '.join(args)}` gave no JSON (exit {result.returncode}):\n"
+                f"{out[-2000:]}{result.stderr[-2000:]}"
+            ) from err
         if not answer.get("success", False):
             raise DeployError(f"`flwr {' '.join(args)}` failed: {answer.get('error-message', answer)}")
         return answer
@@ -224,8 +256,14 @@ class LocalDeployment:
     def run_info(self, run_id: str) -> dict[str, Any]:
         return self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json", timeout=60)["runs"][0]
 
-    def wait(self, run_id: str, *, poll: Callable[[], bool] | None = None, every_s: float = 15.0,
-             timeout_s: float | None = None) -> dict[str, Any]:
+    def wait(
+        self,
+        run_id: str,
+        *,
+        poll: Callable[[], bool] | None = None,
+        every_s: float = 15.0,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
         """Until the run is finished; ``poll()`` is called every second and returning True asks
         Flower for the status at once (the run said it is done), otherwise every ``every_s``."""
         started = last = time.monotonic()
@@ -256,19 +294,33 @@ class LocalDeployment:
 
     def dataplane_settings(self) -> dict[str, Any]:
         """Config values that point the run's data plane at this deployment (port, TLS files)."""
-        values: dict[str, Any] = {"dataplane_port": self.dataplane_port,
-                                  "dataplane_bind": "0.0.0.0" if self.use_netns else "127.0.0.1"}
+        values: dict[str, Any] = {
+            "dataplane_port": self.dataplane_port,
+            "dataplane_bind": "0.0.0.0" if self.use_netns else "127.0.0.1",
+        }
         if self.tls_files is not None:
-            values.update(dataplane_tls_cert=str(self.tls_files.server_cert),
-                          dataplane_tls_key=str(self.tls_files.server_key), dataplane_tls_ca=str(self.tls_files.ca_cert))
+            values.update(
+                dataplane_tls_cert=str(self.tls_files.server_cert),
+                dataplane_tls_key=str(self.tls_files.server_key),
+                dataplane_tls_ca=str(self.tls_files.ca_cert),
+            )
         return values
 
     def process_table(self) -> dict[str, Any]:
         """What was started where: for the user, and for tests that kill a node on purpose."""
-        return {"superlink": {"pid": self.started[0].pid if self.started else None, "port": self.port},
-                "supernodes": [{"index": n.index, "pid": n.proc.pid, "log": str(n.log),
-                                "relay": list(n.relay.address), "netns": n.host.name if n.host else None}
-                               for n in self.nodes]}
+        return {
+            "superlink": {"pid": self.started[0].pid if self.started else None, "port": self.port},
+            "supernodes": [
+                {
+                    "index": n.index,
+                    "pid": n.proc.pid,
+                    "log": str(n.log),
+                    "relay": list(n.relay.address),
+                    "netns": n.host.name if n.host else None,
+                }
+                for n in self.nodes
+            ],
+        }
 
 
 # ---- the `fedgan deploy --local` command ----------------------------------------------------------
@@ -280,12 +332,15 @@ def run_config_file(cfg: ExperimentConfig, path: Path) -> Path:
     return path
 
 
-def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple[int, int],
-                      dep: LocalDeployment, elapsed_s: float) -> dict[str, Any]:
+def deployment_report(
+    summary: dict[str, Any], info: dict[str, Any], wire: tuple[int, int], dep: LocalDeployment, elapsed_s: float
+) -> dict[str, Any]:
     """Our byte counts next to Flower's counters and the bytes on the wire, for the same run."""
     comm = summary["comm"]
-    counted = (comm["bytes_down_total"] + comm["control_bytes_down_total"],
-               comm["bytes_up_total"] + comm["control_bytes_up_total"])
+    counted = (
+        comm["bytes_down_total"] + comm["control_bytes_down_total"],
+        comm["bytes_up_total"] + comm["control_bytes_up_total"],
+    )
     traffic = info.get("network-traffic", {})
     flower = (int(traffic.get("outbound-bytes", 0)), int(traffic.get("inbound-bytes", 0)))
     return {
@@ -310,12 +365,14 @@ def deployment_report(summary: dict[str, Any], info: dict[str, Any], wire: tuple
             "fleet_overhead = superlink_traffic - counted; http_overhead = wire - superlink_traffic. "
             "With the gRPC data plane (summary transport flower-run+grpc-dataplane) the per-step messages "
             "bypass the SuperLink: its counters and the wire see only Flower's control traffic, so the "
-            "overheads are not meaningful there."),
+            "overheads are not meaningful there."
+        ),
     }
 
 
-def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool,
-                 node_policy: Path | None = None) -> int:
+def deploy_local(
+    cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: bool, node_policy: Path | None = None
+) -> int:
     """Run ``cfg`` on a local deployment; same exit codes and run directory as ``fedgan simulate``.
     ``node_policy``: the privacy policy file every SuperNode pins (their node config)."""
     from server.reporting import DEPLOY_DIR, next_run_dir
@@ -323,11 +380,15 @@ def deploy_local(cfg: ExperimentConfig, *, tls: bool, auth: bool, use_netns: boo
     run_path = (Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)).resolve()
     cfg = cfg.replace(out=str(run_path), data_dir=str(data_root(cfg.data_dir)))
     print(f"run directory: {run_path}", flush=True)
-    with LocalDeployment(run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns,
-                         node_policy=node_policy) as dep:
-        print(f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
-              f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
-              f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}", flush=True)
+    with LocalDeployment(
+        run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns, node_policy=node_policy
+    ) as dep:
+        print(
+            f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
+            f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
+            f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}",
+            flush=True,
+        )
         return run_on_deployment(dep, cfg)
 
 
@@ -335,8 +396,13 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     """Submit ``cfg`` (absolute ``out`` and ``data_dir``) to a started deployment, follow it, add
     the deployment's byte figures to summary.json, evaluate; returns ``fedgan simulate``'s exit codes."""
     from server.reporting import RunDirectory, atomic_write_json
-
-    from simulations.experiments.simulate import EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED
+    from simulations.experiments.simulate import (
+        EXIT_BAD_INPUT,
+        EXIT_COMPLETED,
+        EXIT_FAILED,
+        EXIT_INTERRUPTED,
+        EXIT_STOPPED,
+    )
 
     run_path = Path(cfg.out)
     if cfg.dataplane == "grpc":
@@ -352,15 +418,18 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
         print("\nfedgan: stopping the run (flwr stop) and the deployment", file=sys.stderr)
         _quiet(lambda: dep.flwr("stop", run_id, CONNECTION, "--format", "json"))
         return EXIT_INTERRUPTED
-    wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start))
+    wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start, strict=False))
     summary_path = run_path / "summary.json"
     if not summary_path.is_file():
         from server.reporting import FAILURE_FILE
 
         failure = run_path / FAILURE_FILE
         why = f": {failure.read_text().strip()}" if failure.is_file() else ""
-        print(f"fedgan: the run ended as {info['status']} without a summary{why}\nServerApp log: "
-              f"`flwr log {run_id}`; deployment logs in {dep.logs}", file=sys.stderr)
+        print(
+            f"fedgan: the run ended as {info['status']} without a summary{why}\nServerApp log: "
+            f"`flwr log {run_id}`; deployment logs in {dep.logs}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT if "NodeRefused" in why else EXIT_FAILED
     summary = json.loads(summary_path.read_text())
     summary["deployment"] = deployment_report(summary, info, wire, dep, time.monotonic() - started)
@@ -384,8 +453,13 @@ def _follow(dep: LocalDeployment, run_id: str, run_path: Path, cfg: ExperimentCo
     """Wait for the run, with a progress bar fed by the ServerApp's progress.json."""
     from tqdm import tqdm
 
-    bar = tqdm(total=cfg.steps, disable=not cfg.progress, unit="step", desc=f"{cfg.strategy} steps (deployed)",
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.steps,
+        disable=not cfg.progress,
+        unit="step",
+        desc=f"{cfg.strategy} steps (deployed)",
+        dynamic_ncols=True,
+    )
 
     def poll() -> bool:
         try:
@@ -412,19 +486,28 @@ def format_deployment(d: dict[str, Any]) -> str:
     def row(name: str, key: str) -> str:
         return f"  {name:<28}{d[key]['down']:>14,}{d[key]['up']:>14,}"
 
-    return "\n".join([f"deployment: Flower run {d['flwr_run_id']} {d['flwr_status']}, {d['supernodes']} SuperNodes, "
-                      f"TLS {'on' if d['tls'] else 'off'}, auth {'on' if d['auth'] else 'off'}",
-                      f"  {'bytes':<28}{'down':>14}{'up':>14}",
-                      row("counted (codec, = simulation)", "counted_bytes"),
-                      row("SuperLink counters", "superlink_traffic_bytes"),
-                      row("on the wire (HTTP/TLS)", "wire_bytes")])
+    return "\n".join(
+        [
+            f"deployment: Flower run {d['flwr_run_id']} {d['flwr_status']}, {d['supernodes']} SuperNodes, "
+            f"TLS {'on' if d['tls'] else 'off'}, auth {'on' if d['auth'] else 'off'}",
+            f"  {'bytes':<28}{'down':>14}{'up':>14}",
+            row("counted (codec, = simulation)", "counted_bytes"),
+            row("SuperLink counters", "superlink_traffic_bytes"),
+            row("on the wire (HTTP/TLS)", "wire_bytes"),
+        ]
+    )
 
 
 def check_tools() -> None:
     """Flower's executables must be next to this Python (they come with the flwr package)."""
     bindir = Path(sys.executable).parent
-    missing = [t for t in ("flwr", "flower-superlink", "flower-supernode")
-               if not (bindir / t).exists() and shutil.which(t) is None]
+    missing = [
+        t
+        for t in ("flwr", "flower-superlink", "flower-supernode")
+        if not (bindir / t).exists() and shutil.which(t) is None
+    ]
     if missing:
-        raise DeployError(f"{', '.join(missing)} not found next to {sys.executable}; install the project "
-                          "(`make install`) in this environment")
+        raise DeployError(
+            f"{', '.join(missing)} not found next to {sys.executable}; install the project "
+            "(`make install`) in this environment"
+        )

@@ -19,9 +19,9 @@ class NetnsError(RuntimeError):
 
 @dataclass(frozen=True)
 class Host:
-    name: str      # namespace name
-    host_ip: str   # this machine's end of the veth pair (where the node connects to)
-    node_ip: str   # the node's address inside its namespace
+    name: str  # namespace name
+    host_ip: str  # this machine's end of the veth pair (where the node connects to)
+    node_ip: str  # the node's address inside its namespace
 
 
 def available() -> bool:

@@ -47,25 +47,39 @@ def _name(common_name: str) -> x509.Name:
 def make_tls(folder: Path, *, hosts: list[str]) -> TlsFiles:
     """A fresh CA and a SuperLink certificate valid for ``hosts`` (names or IP addresses)."""
     folder.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca_cert = (x509.CertificateBuilder().subject_name(_name("fedgan deployment CA")).issuer_name(_name("fedgan deployment CA"))
-               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .sign(ca_key, hashes.SHA384()))
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedgan deployment CA"))
+        .issuer_name(_name("fedgan deployment CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA384())
+    )
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder().subject_name(_name("superlink")).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
-            .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA384()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("superlink"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
     files = TlsFiles(folder / "ca.crt", folder / "server.pem", folder / "server.key")
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(files.server_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    _write_private(
+        files.server_key,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return files
 
 
@@ -81,8 +95,13 @@ def make_node_key(folder: Path, name: str) -> NodeKey:
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     files = NodeKey(folder / name, folder / f"{name}.pub")
-    _write_private(files.private_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                                        serialization.NoEncryption()))
-    files.public_key.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                               serialization.PublicFormat.OpenSSH) + b"\n")
+    _write_private(
+        files.private_key,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
+    files.public_key.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
     return files

@@ -23,7 +23,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return fields[0], int(fields[1]), int(fields[19])
 
 
@@ -53,13 +53,20 @@ def descendants(roots: list[int]) -> list[Proc]:
     return found
 
 
-def spawn(args: list[str], *, log: Path, env: dict[str, str], cwd: Path | None = None,
-          stdin: bytes | None = None) -> subprocess.Popen:
+def spawn(
+    args: list[str], *, log: Path, env: dict[str, str], cwd: Path | None = None, stdin: bytes | None = None
+) -> subprocess.Popen:
     """Start ``args`` in its own session with stdout and stderr to ``log``."""
     handle = open(log, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        start_new_session=True,
+    )
     handle.close()
     if stdin is not None:
         proc.stdin.write(stdin)

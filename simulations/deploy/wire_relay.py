@@ -20,7 +20,7 @@ class WireRelay:
     def __init__(self, listen_host: str, target: tuple[str, int]) -> None:
         self.target = target
         self._lock = threading.Lock()
-        self.up = 0    # node -> SuperLink
+        self.up = 0  # node -> SuperLink
         self.down = 0  # SuperLink -> node
         self._server = socket.create_server((listen_host, 0))
         self.address = self._server.getsockname()[:2]

@@ -40,8 +40,9 @@ def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict
     entry["summary"] = json.loads((run.path / "summary.json").read_text())
     entry["generator_steps"] = generator_steps(entry["summary"], scfg)
     per_round = entry["summary"]["comm"]["bytes_per_step"]
-    entry["bytes_per_generator_step"] = {k: v * entry["summary"]["steps_completed"] / max(entry["generator_steps"], 1)
-                                         for k, v in per_round.items()}
+    entry["bytes_per_generator_step"] = {
+        k: v * entry["summary"]["steps_completed"] / max(entry["generator_steps"], 1) for k, v in per_round.items()
+    }
     if cfg.eval:
         from .evaluate import METRICS, evaluate_run
 
@@ -50,14 +51,21 @@ def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict
     return entry
 
 
-def compare(cfg: ExperimentConfig, *, transport: str = "flower",
-            strategies: tuple[str, ...] = STRATEGY_ORDER) -> dict[str, Any]:
+def compare(
+    cfg: ExperimentConfig, *, transport: str = "flower", strategies: tuple[str, ...] = STRATEGY_ORDER
+) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="compare"))
     out.mkdir(parents=True, exist_ok=False)
     entries = [run_one(cfg, out, name, transport) for name in strategies]
     finished = [e["summary"] for e in entries if "summary" in e]
-    result = {"dir": str(out), "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
-              "num_clients": cfg.num_clients, "strategies": entries}
+    result = {
+        "dir": str(out),
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "seed": cfg.seed,
+        "num_clients": cfg.num_clients,
+        "strategies": entries,
+    }
     if finished:
         result["bytes_plot"] = str(plot_bytes_per_step(finished, out / "bytes_per_step.png"))
     atomic_write_json(out / "comparison.json", result)
@@ -73,8 +81,17 @@ def _eps_cells(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def format_comparison(result: dict[str, Any]) -> str:
-    header = ("strategy", "ε per client (max)", "ε amplified", "bytes/G-step down", "bytes/G-step up",
-              "bytes total", "wall s", "FID", "gen2real CNN")
+    header = (
+        "strategy",
+        "ε per client (max)",
+        "ε amplified",
+        "bytes/G-step down",
+        "bytes/G-step up",
+        "bytes total",
+        "wall s",
+        "FID",
+        "gen2real CNN",
+    )
     rows = [header]
     for e in result["strategies"]:
         if "summary" not in e:
@@ -84,11 +101,20 @@ def format_comparison(result: dict[str, Any]) -> str:
         head, amp = _eps_cells(s)
         fid = (ev.get("fid") or {}).get("value")
         g2r = (ev.get("gen2real_acc") or {}).get("cnn")
-        rows.append((e["strategy"], head, amp, f"{e['bytes_per_generator_step']['down']:,.0f}",
-                     f"{e['bytes_per_generator_step']['up']:,.0f}",
-                     f"{s['comm']['bytes_down_total'] + s['comm']['bytes_up_total']:,}", f"{s['wall_s']:.1f}",
-                     "n/a" if fid is None else f"{fid:.1f}", "n/a" if g2r is None else f"{g2r:.1%}"))
+        rows.append(
+            (
+                e["strategy"],
+                head,
+                amp,
+                f"{e['bytes_per_generator_step']['down']:,.0f}",
+                f"{e['bytes_per_generator_step']['up']:,.0f}",
+                f"{s['comm']['bytes_down_total'] + s['comm']['bytes_up_total']:,}",
+                f"{s['wall_s']:.1f}",
+                "n/a" if fid is None else f"{fid:.1f}",
+                "n/a" if g2r is None else f"{g2r:.1%}",
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) for r in rows]
     rules = [f"{e['strategy']}: {e['summary']['accounting']}" for e in result["strategies"] if "summary" in e]
     return "\n".join(lines + ["", "ε rules (δ as configured):", *rules, "", f"comparison: {result['dir']}"])

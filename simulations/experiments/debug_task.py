@@ -19,17 +19,17 @@ import torch
 
 from common.config import ExperimentConfig
 from common.data import data_root, invert_clients, num_classes_for
-from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
-from common.methods import core
 from common.evaluation.classifier import load_or_train_domain_classifier
 from common.evaluation.plots import side_by_side
+from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
+from common.methods import core
 from common.models import build_generator, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
 from protos import wire
 from server.loop import run_experiment
-from server.session import hello
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
+from server.session import hello
 from server.strategies.base import Outgoing, PriorReleases
 
 from .simulate import run_on_transport
@@ -37,8 +37,9 @@ from .simulate import run_on_transport
 BRIGHT_LEVEL = 0.5  # mean intensity of an upright digit is ~0.13, of an inverted one ~0.87
 
 
-def select_suspects(cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn.Module, transport,
-                    *, noise_multiplier: float) -> dict[int, dict[str, Any]]:
+def select_suspects(
+    cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn.Module, transport, *, noise_multiplier: float
+) -> dict[int, dict[str, Any]]:
     """Ask every client for its noisy on-device accuracy of ``classifier``."""
     nodes = transport.node_ids(cfg.num_clients)
     mapping = hello(cfg, str(state_dir), transport, nodes).mapping
@@ -48,13 +49,16 @@ def select_suspects(cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn
         if reply.content is None:
             raise RuntimeError(f"node {reply.node_id} failed the selection query: {reply.error}")
         answer = wire.decode(AccuracyReply, reply.content)
-        result[mapping[reply.node_id]] = {"accuracy_noisy": None if answer.refused else answer.accuracy,
-                                          "reason": answer.reason}
+        result[mapping[reply.node_id]] = {
+            "accuracy_noisy": None if answer.refused else answer.accuracy,
+            "reason": answer.reason,
+        }
     return dict(sorted(result.items()))
 
 
-def selection_prior(cfg: ExperimentConfig, selection: dict[int, dict[str, Any]],
-                    noise_multiplier: float) -> PriorReleases:
+def selection_prior(
+    cfg: ExperimentConfig, selection: dict[int, dict[str, Any]], noise_multiplier: float
+) -> PriorReleases:
     """The selection query as both group runs must account for it: one Gaussian release (noise
     multiplier σ_sel on an accuracy of sensitivity 1/n: an example-level guarantee) by every client
     that answered, and for the amplified figure one unsampled release of the whole federation."""
@@ -63,9 +67,12 @@ def selection_prior(cfg: ExperimentConfig, selection: dict[int, dict[str, Any]],
     return PriorReleases(
         clients={c: PrivacyLedger([event]) for c in answered},
         server=[event] if answered else [],
-        description=(f"Both generators of the debugging task depend on every client's selection release (its "
-                     f"noisy on-device accuracy, noise multiplier {noise_multiplier:g}, sensitivity 1/n: "
-                     "example-level), which every figure above includes, for clients outside this group too."))
+        description=(
+            f"Both generators of the debugging task depend on every client's selection release (its "
+            f"noisy on-device accuracy, noise multiplier {noise_multiplier:g}, sensitivity 1/n: "
+            "example-level), which every figure above includes, for clients outside this group too."
+        ),
+    )
 
 
 @torch.no_grad()
@@ -80,25 +87,35 @@ def bright_fraction(run: RunDirectory, cfg: ExperimentConfig, num_samples: int) 
     return float((images.flatten(1).mean(dim=1) > BRIGHT_LEVEL).float().mean())
 
 
-def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str,
-               num_samples: int = 1000) -> dict[str, Any]:
+def debug_task(
+    cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str, num_samples: int = 1000
+) -> dict[str, Any]:
     """Run the whole task; returns (and writes) ``debug_task.json``."""
     if not core(cfg.strategy).ACCEPTS_PRIOR_RELEASES:
-        raise ValueError(f"the debugging task needs a method that accounts for the selection release made "
-                         f"before its runs (gswgan), not {cfg.strategy}")
+        raise ValueError(
+            f"the debugging task needs a method that accounts for the selection release made "
+            f"before its runs (gswgan), not {cfg.strategy}"
+        )
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
     out.mkdir(parents=True, exist_ok=False)
     state_dir = out / "clients"
     classifier, clf_meta = load_or_train_domain_classifier(
-        cfg.dataset, data_dir=cfg.data_dir, emnist_split=cfg.emnist_split,
-        cache_dir=data_root(cfg.data_dir) / ".fedgan-cache", seed=cfg.seed,
+        cfg.dataset,
+        data_dir=cfg.data_dir,
+        emnist_split=cfg.emnist_split,
+        cache_dir=data_root(cfg.data_dir) / ".fedgan-cache",
+        seed=cfg.seed,
         # The modeller's classifier is trained on clean data of its own; for the synthetic set,
         # at least 50 writers x 100 images whatever the federation's size, so that it is accurate.
         synthetic_writers=max(cfg.synthetic_writers or cfg.num_clients, 50),
-        synthetic_samples_per_writer=max(cfg.synthetic_samples_per_writer, 100), progress=cfg.progress)
+        synthetic_samples_per_writer=max(cfg.synthetic_samples_per_writer, 100),
+        progress=cfg.progress,
+    )
     selection, error = run_on_transport(
-        cfg.num_clients, lambda t: select_suspects(cfg, state_dir, classifier, t,
-                                                   noise_multiplier=selection_noise), transport)
+        cfg.num_clients,
+        lambda t: select_suspects(cfg, state_dir, classifier, t, noise_multiplier=selection_noise),
+        transport,
+    )
     if error is not None:
         raise error
     truth = invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)
@@ -110,24 +127,38 @@ def debug_task(cfg: ExperimentConfig, *, threshold: float, selection_noise: floa
         groups[name] = _train_group(cfg, out, name, members, state_dir, transport, num_samples, prior)
     result = _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, threshold, selection_noise)
     if all(g.get("samples_png") for g in groups.values()):
-        side_by_side(Path(groups["suspect"]["samples_png"]), Path(groups["rest"]["samples_png"]),
-                     out / "side_by_side.png",
-                     titles=(f"suspect clients ({len(suspects)})", f"other clients ({len(rest)})"))
+        side_by_side(
+            Path(groups["suspect"]["samples_png"]),
+            Path(groups["rest"]["samples_png"]),
+            out / "side_by_side.png",
+            titles=(f"suspect clients ({len(suspects)})", f"other clients ({len(rest)})"),
+        )
         result["side_by_side_png"] = str(out / "side_by_side.png")
     atomic_write_json(out / "debug_task.json", result)
     return result
 
 
-def _train_group(cfg: ExperimentConfig, out: Path, name: str, members: list[int], state_dir: Path,
-                 transport: str, num_samples: int, prior: PriorReleases) -> dict[str, Any]:
+def _train_group(
+    cfg: ExperimentConfig,
+    out: Path,
+    name: str,
+    members: list[int],
+    state_dir: Path,
+    transport: str,
+    num_samples: int,
+    prior: PriorReleases,
+) -> dict[str, Any]:
     if not members:
         return {"clients": [], "note": f"no {name} clients: nothing to train"}
-    group_cfg = cfg.replace(client_subset=",".join(map(str, members)), out=str(out / name),
-                            clients_per_step=min(cfg.clients_per_step, len(members)))
+    group_cfg = cfg.replace(
+        client_subset=",".join(map(str, members)),
+        out=str(out / name),
+        clients_per_step=min(cfg.clients_per_step, len(members)),
+    )
     run = RunDirectory.create(group_cfg, state_dir=state_dir)
     summary, error = run_on_transport(
-        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior),
-        transport)
+        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior), transport
+    )
     if error is not None:
         raise error
     samples = sorted((run.path / "samples").glob("step-*.png"))
@@ -150,8 +181,10 @@ def _train_group(cfg: ExperimentConfig, out: Path, name: str, members: list[int]
 def _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, threshold, selection_noise):
     inverted = [int(c) for c in np.flatnonzero(truth)]
     hits = len(set(suspects) & set(inverted))
-    ledger_note = ("each client's ledger holds its selection query (a Gaussian mechanism with noise "
-                   f"multiplier {selection_noise} on its accuracy, sensitivity 1/n) and its GS-WGAN answers")
+    ledger_note = (
+        "each client's ledger holds its selection query (a Gaussian mechanism with noise "
+        f"multiplier {selection_noise} on its accuracy, sensitivity 1/n) and its GS-WGAN answers"
+    )
     return {
         "run_dir": str(out),
         "invert_prob": cfg.invert_prob,
@@ -168,18 +201,21 @@ def _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, thresh
 
 
 def format_result(result: dict[str, Any]) -> str:
-    lines = [f"debugging task in {result['run_dir']}",
-             f"selection: {len(result['groups']['suspect']['clients'])} suspect clients (accuracy < "
-             f"{result['threshold']}), precision {result['selection_precision']}, recall {result['selection_recall']}"]
+    lines = [
+        f"debugging task in {result['run_dir']}",
+        f"selection: {len(result['groups']['suspect']['clients'])} suspect clients (accuracy < "
+        f"{result['threshold']}), precision {result['selection_precision']}, recall {result['selection_recall']}",
+    ]
     for name, group in result["groups"].items():
         if "bright_fraction" in group:
             worst = group["epsilon_max_per_client"]
-            lines.append(f"{name:>8}: bright samples {group['bright_fraction']:.1%} of {group['num_samples']} "
-                         f"(mean intensity > {result['bright_level']}); ε max per client "
-                         f"{'unbounded' if worst is None else format(worst, '.4g')} (δ={result['delta']:g})")
+            lines.append(
+                f"{name:>8}: bright samples {group['bright_fraction']:.1%} of {group['num_samples']} "
+                f"(mean intensity > {result['bright_level']}); ε max per client "
+                f"{'unbounded' if worst is None else format(worst, '.4g')} (δ={result['delta']:g})"
+            )
         else:
             lines.append(f"{name:>8}: {group['note']}")
     if "side_by_side_png" in result:
         lines.append(f"samples side by side: {result['side_by_side_png']}")
     return "\n".join(lines)
-

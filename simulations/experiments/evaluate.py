@@ -20,8 +20,12 @@ import torch
 
 from common.config import ExperimentConfig
 from common.data import Dataset, data_root, load_dataset, num_classes_for
-from common.evaluation.classifier import (extract_features, inception_score,
-                                          load_or_train_domain_classifier, predict_proba)
+from common.evaluation.classifier import (
+    extract_features,
+    inception_score,
+    load_or_train_domain_classifier,
+    predict_proba,
+)
 from common.evaluation.fid import FeatureStats, cached_stats, feature_stats, frechet_distance
 from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid, plot_training_curves
 from common.evaluation.report import format_eval_table, write_report
@@ -38,14 +42,17 @@ def load_generator(cfg: ExperimentConfig, state: dict[str, torch.Tensor], source
     try:
         gen.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError) as err:
-        raise RunDirectoryError(f"the generator in {source} does not match config.json (model={cfg.model}, "
-                                f"z_dim={cfg.z_dim}, {num_classes_for(cfg)} classes): {err}") from err
+        raise RunDirectoryError(
+            f"the generator in {source} does not match config.json (model={cfg.model}, "
+            f"z_dim={cfg.z_dim}, {num_classes_for(cfg)} classes): {err}"
+        ) from err
     return gen.eval()
 
 
 @torch.no_grad()
-def generate(gen: torch.nn.Module, num_samples: int, *, num_classes: int, z_dim: int,
-             batch_size: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(
+    gen: torch.nn.Module, num_samples: int, *, num_classes: int, z_dim: int, batch_size: int = 500
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``num_samples`` images with balanced labels, from fixed latents (comparable across runs)."""
     rng = torch.Generator().manual_seed(EVAL_SEED)
     labels = torch.arange(num_samples) % num_classes
@@ -69,23 +76,36 @@ def _data_key(cfg: ExperimentConfig, split: str, n: int, extractor: str) -> str:
 class Evaluator:
     """Holds what every generator of one run is compared against (loaded once, reused for snapshots)."""
 
-    def __init__(self, cfg: ExperimentConfig, *, num_samples: int, fid_samples: int, inception: bool,
-                 inception_weights: str, progress: bool) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        num_samples: int,
+        fid_samples: int,
+        inception: bool,
+        inception_weights: str,
+        progress: bool,
+    ) -> None:
         self.cfg, self.n, self.progress = cfg, num_samples, progress
         self.num_classes = num_classes_for(cfg)
         self.cache = data_root(cfg.data_dir) / ".fedgan-cache"
-        kwargs = dict(emnist_split=cfg.emnist_split, seed=cfg.seed,
-                      synthetic_writers=cfg.synthetic_writers or cfg.num_clients,
-                      synthetic_samples_per_writer=cfg.synthetic_samples_per_writer)
+        kwargs = dict(
+            emnist_split=cfg.emnist_split,
+            seed=cfg.seed,
+            synthetic_writers=cfg.synthetic_writers or cfg.num_clients,
+            synthetic_samples_per_writer=cfg.synthetic_samples_per_writer,
+        )
         self.train = load_dataset(cfg.dataset, cfg.data_dir, split="train", **kwargs)
         self.test = load_dataset(cfg.dataset, cfg.data_dir, split="test", **kwargs)
         self.classifier, self.classifier_meta = load_or_train_domain_classifier(
-            cfg.dataset, data_dir=cfg.data_dir, cache_dir=self.cache, progress=progress, **kwargs)
+            cfg.dataset, data_dir=cfg.data_dir, cache_dir=self.cache, progress=progress, **kwargs
+        )
         self.real_images, self.real_labels = _real_subset(self.test, max(num_samples, fid_samples))
         self.fid_n = min(fid_samples, len(self.real_labels))
         self.real_domain = cached_stats(
             self.cache / f"domain-stats-{_data_key(cfg, 'test', len(self.real_labels[: self.n]), 'domain')}.npz",
-            lambda: extract_features(self.classifier, self.real_images[: self.n]))
+            lambda: extract_features(self.classifier, self.real_images[: self.n]),
+        )
         self.inception, self.inception_note = None, ""
         if inception:
             self._load_inception(inception_weights or None)
@@ -101,7 +121,8 @@ class Evaluator:
         key = _data_key(self.cfg, "test", self.fid_n, self.inception.name)
         self.real_inception = cached_stats(
             self.cache / f"inception-stats-{key}.npz",
-            lambda: self.inception(self.real_images[: self.fid_n], progress=self.progress))
+            lambda: self.inception(self.real_images[: self.fid_n], progress=self.progress),
+        )
 
     def fid_domain(self, images: torch.Tensor) -> float:
         return frechet_distance(self.real_domain, feature_stats(extract_features(self.classifier, images)))
@@ -119,12 +140,26 @@ class Evaluator:
         n_real = len(real_labels)
         is_mean, is_std = inception_score(predict_proba(self.classifier, images), splits=10)
         result: dict[str, Any] = {
-            "fid": {"value": self.fid(fid_images), "num_samples": self.fid_n, "num_real": self.fid_n,
-                    "network": getattr(self.inception, "name", None), "note": self.inception_note or None},
-            "fid_domain": {"value": self.fid_domain(images), "num_samples": self.n, "num_real": n_real,
-                           "classifier_test_accuracy": self.classifier_meta.get("test_accuracy")},
-            "inception_score": {"mean": is_mean, "std": is_std, "splits": 10, "num_samples": self.n,
-                                "classifier": "domain classifier"},
+            "fid": {
+                "value": self.fid(fid_images),
+                "num_samples": self.fid_n,
+                "num_real": self.fid_n,
+                "network": getattr(self.inception, "name", None),
+                "note": self.inception_note or None,
+            },
+            "fid_domain": {
+                "value": self.fid_domain(images),
+                "num_samples": self.n,
+                "num_real": n_real,
+                "classifier_test_accuracy": self.classifier_meta.get("test_accuracy"),
+            },
+            "inception_score": {
+                "mean": is_mean,
+                "std": is_std,
+                "splits": 10,
+                "num_samples": self.n,
+                "classifier": "domain classifier",
+            },
         }
         if utility:
             train_x, train_y = _real_subset(self.train, self.n)
@@ -133,23 +168,35 @@ class Evaluator:
         return result
 
 
-def evaluate_run(path: str | Path, *, num_samples: int | None = None, fid_samples: int | None = None,
-                 inception: bool | None = None, inception_weights: str | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+def evaluate_run(
+    path: str | Path,
+    *,
+    num_samples: int | None = None,
+    fid_samples: int | None = None,
+    inception: bool | None = None,
+    inception_weights: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Evaluate the run in ``path``; writes eval.json, plots/ and report.html; returns eval.json."""
     run, cfg = RunDirectory.open_existing(path)
     summary = _read_summary(run)
     ckpt = run.load_checkpoint()
     if "released_generator" not in ckpt:
         raise RunDirectoryError(f"{run.path / 'checkpoint.pt'} holds no released generator")
-    evaluator = Evaluator(cfg, num_samples=num_samples or cfg.eval_samples,
-                          fid_samples=fid_samples or cfg.eval_fid_samples,
-                          inception=cfg.eval_inception if inception is None else inception,
-                          inception_weights=inception_weights if inception_weights is not None else cfg.inception_weights,
-                          progress=progress)
+    evaluator = Evaluator(
+        cfg,
+        num_samples=num_samples or cfg.eval_samples,
+        fid_samples=fid_samples or cfg.eval_fid_samples,
+        inception=cfg.eval_inception if inception is None else inception,
+        inception_weights=inception_weights if inception_weights is not None else cfg.inception_weights,
+        progress=progress,
+    )
     result = evaluator.evaluate(load_generator(cfg, ckpt["released_generator"], run.path / "checkpoint.pt"))
-    result.update(_privacy_summary(summary), steps_completed=summary["steps_completed"],
-                  curve=_snapshot_curve(run, cfg, evaluator, summary, result))
+    result.update(
+        _privacy_summary(summary),
+        steps_completed=summary["steps_completed"],
+        curve=_snapshot_curve(run, cfg, evaluator, summary, result),
+    )
     plots = _plots(run, cfg, summary, result)
     run.write_json("eval.json", result)
     write_report(run.path, result, plots)
@@ -169,23 +216,35 @@ def _read_summary(run: RunDirectory) -> dict[str, Any]:
 def _privacy_summary(summary: dict[str, Any]) -> dict[str, Any]:
     keys = ("accounting", "delta", "epsilon_max", "epsilon_amplified")
     eps = [c["epsilon"] for c in summary["clients"] if c["queries"] > 0 and c["epsilon"] is not None]
-    return {"privacy": {**{k: summary.get(k) for k in keys},
-                        "epsilon_median": float(np.median(eps)) if eps else None}}
+    return {"privacy": {**{k: summary.get(k) for k in keys}, "epsilon_median": float(np.median(eps)) if eps else None}}
 
 
-def _snapshot_curve(run: RunDirectory, cfg: ExperimentConfig, evaluator: Evaluator, summary: dict,
-                    final: dict) -> list[dict[str, Any]]:
+def _snapshot_curve(
+    run: RunDirectory, cfg: ExperimentConfig, evaluator: Evaluator, summary: dict, final: dict
+) -> list[dict[str, Any]]:
     """ε vs quality over the run's snapshots (domain FID each; Inception FID only at the end)."""
     points = []
     for path in run.snapshots():
         snap = torch.load(path, map_location="cpu", weights_only=False)
         gen = load_generator(cfg, snap["generator"], path)
         images, _ = generate(gen, evaluator.n, num_classes=evaluator.num_classes, z_dim=cfg.z_dim)
-        points.append({"step": snap["step"], "epsilon_max": snap["privacy"]["epsilon_max"],
-                       "fid_domain": evaluator.fid_domain(images), "fid": None})
+        points.append(
+            {
+                "step": snap["step"],
+                "epsilon_max": snap["privacy"]["epsilon_max"],
+                "fid_domain": evaluator.fid_domain(images),
+                "fid": None,
+            }
+        )
     if not points or points[-1]["step"] != summary["steps_completed"]:
-        points.append({"step": summary["steps_completed"], "epsilon_max": summary["epsilon_max"],
-                       "fid_domain": final["fid_domain"]["value"], "fid": None})
+        points.append(
+            {
+                "step": summary["steps_completed"],
+                "epsilon_max": summary["epsilon_max"],
+                "fid_domain": final["fid_domain"]["value"],
+                "fid": None,
+            }
+        )
     points[-1]["fid"] = final["fid"]["value"]
     for p in points:
         p["delta"] = summary["delta"]
@@ -195,17 +254,22 @@ def _snapshot_curve(run: RunDirectory, cfg: ExperimentConfig, evaluator: Evaluat
 def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict) -> dict[str, Any]:
     folder = run.path / "plots"
     folder.mkdir(exist_ok=True)
-    metrics = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (run.path / "metrics.jsonl").exists() else []
+    metrics = (
+        [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        if (run.path / "metrics.jsonl").exists()
+        else []
+    )
     plots = {
         "epsilon_per_client": plot_epsilon_per_client(summary, folder / "epsilon_per_client.png"),
         "training_curves": plot_training_curves(metrics, folder / "training_curves.png", delta=cfg.delta),
-        "epsilon_vs_fid_domain": plot_epsilon_vs_fid(result["curve"], folder / "epsilon_vs_fid_domain.png",
-                                                     metric="fid_domain", delta=cfg.delta),
+        "epsilon_vs_fid_domain": plot_epsilon_vs_fid(
+            result["curve"], folder / "epsilon_vs_fid_domain.png", metric="fid_domain", delta=cfg.delta
+        ),
     }
     if result["fid"]["value"] is not None:
-        plots["epsilon_vs_fid"] = plot_epsilon_vs_fid(result["curve"], folder / "epsilon_vs_fid.png",
-                                                      metric="fid", delta=cfg.delta)
+        plots["epsilon_vs_fid"] = plot_epsilon_vs_fid(
+            result["curve"], folder / "epsilon_vs_fid.png", metric="fid", delta=cfg.delta
+        )
     samples = sorted((run.path / "samples").glob("step-*.png"))
     if samples:
         plots["samples"] = samples[-1]

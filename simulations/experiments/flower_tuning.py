@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from flwr.server.superlink.fleet.vce import vce_api
 

@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 import warnings
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from common.config import ExperimentConfig
 from server.reporting import RunDirectory
@@ -52,23 +53,23 @@ def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
     try:
         result = evaluate_run(run.path, progress=cfg.progress)
     except Exception as err:  # noqa: BLE001 - the run is done; say what failed and how to retry
-        print(f"fedgan: evaluation failed: {type(err).__name__}: {err}\n"
-              f"the run is complete; retry with `fedgan evaluate {run.path}`", file=sys.stderr)
+        print(
+            f"fedgan: evaluation failed: {type(err).__name__}: {err}\n"
+            f"the run is complete; retry with `fedgan evaluate {run.path}`",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print_eval(result)
     print(f"report: {run.path / 'report.html'}", flush=True)
     return EXIT_COMPLETED
 
 
-def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
-                   stop: threading.Event | None = None):
+def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
     return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "inprocess"), "inprocess")
 
 
-def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool,
-                stop: threading.Event | None = None):
-    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "flower-simulation"),
-                            "flower")
+def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
+    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "flower-simulation"), "flower")
 
 
 def _experiment_fn(cfg, run, resume, stop, name):
@@ -77,7 +78,9 @@ def _experiment_fn(cfg, run, resume, stop, name):
     return lambda transport: run_experiment(cfg, run, transport, resume=resume, transport_name=name, stop=stop)
 
 
-def run_on_transport(num_clients: int, server_fn: Callable[[Any], T], transport: str) -> tuple[T | None, BaseException | None]:
+def run_on_transport(
+    num_clients: int, server_fn: Callable[[Any], T], transport: str
+) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
     (one SuperNode per client) or by calling the ClientApp in-process. Returns (result, error)."""
     from client.app import app as client_app
@@ -99,12 +102,18 @@ def run_on_transport(num_clients: int, server_fn: Callable[[Any], T], transport:
     run_client_actors_at_normal_priority()
     result = RunResult()
     cpus = os.cpu_count() or 1
-    backend = {"client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
-               "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True}}
+    backend = {
+        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True},
+    }
     try:
         with prompt_message_delivery() as on_pushed:
-            run_simulation(server_app=make_server_app(server_fn, result, on_pushed=on_pushed),
-                           client_app=client_app, num_supernodes=num_clients, backend_config=backend)
+            run_simulation(
+                server_app=make_server_app(server_fn, result, on_pushed=on_pushed),
+                client_app=client_app,
+                num_supernodes=num_clients,
+                backend_config=backend,
+            )
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
     return result.summary, result.error

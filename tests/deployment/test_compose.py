@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,9 @@ def _docker_compose() -> str:
     """Path of docker-compose; a missing one fails (the check must not silently vanish)."""
     path = shutil.which("docker-compose")
     if path is None:
-        pytest.fail("docker-compose is not installed; `make test` installs it "
-                    "(or run `apt-get install docker-compose`)")
+        pytest.fail(
+            "docker-compose is not installed; `make test` installs it (or run `apt-get install docker-compose`)"
+        )
     return path
 
 
@@ -51,8 +52,7 @@ def _run_compose(files: tuple[str, ...], *args: str, cwd: Path = ROOT) -> str:
     for name in files:
         command += ["-f", name]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
-    proc = subprocess.run([*command, "config", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([*command, "config", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"docker-compose {' '.join(command[1:])} config: {proc.stderr}"
     return proc.stdout
 
@@ -73,7 +73,7 @@ def deployment(request: pytest.FixtureRequest) -> tuple[Path, int]:
     return root, int(_env(root)["NUM_CLIENTS"])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _resolved(root: Path, files: tuple[str, ...]) -> str:
     """``docker-compose config`` output, once per directory and file list (each call costs ~1 s)."""
     return _run_compose(files, cwd=root)
@@ -118,13 +118,14 @@ def _without_tls(command: list[str]) -> list[str]:
 
 # ---- (1) the committed files are the generator's output
 
+
 def test_committed_files_equal_generator_output() -> None:
     num_clients = int(_env()["NUM_CLIENTS"])
     assert num_clients == compose.DEFAULT_NUM_CLIENTS
     for name, text in compose.rendered(num_clients).items():
         assert (ROOT / name).read_text() == text, (
-            f"{name} is stale: run `python -m simulations.deploy.compose --num-clients {num_clients} "
-            "--write`")
+            f"{name} is stale: run `python -m simulations.deploy.compose --num-clients {num_clients} --write`"
+        )
 
 
 def test_with_num_clients_rewrites_only_that_line() -> None:
@@ -140,12 +141,14 @@ def test_generator_rejects_zero_clients() -> None:
 
 # ---- (2) docker-compose 1.29 accepts every combination
 
+
 @pytest.mark.parametrize("files", [BASE, WITH_TLS], ids=["plain", "tls"])
 def test_docker_compose_validates(files: tuple[str, ...], deployment: tuple[Path, int]) -> None:
     _run_compose(files, "-q", cwd=deployment[0])
 
 
 # ---- (3) the topology docker-compose resolves
+
 
 def test_one_supernode_per_partition(deployment: tuple[Path, int]) -> None:
     root, num_clients = deployment
@@ -190,8 +193,7 @@ def test_serverapp_and_superlink(deployment: tuple[Path, int]) -> None:
     assert any(str(p).endswith(f"{env['SUPERLINK_PORT']}:8000/tcp") for p in superlink["ports"])
     assert _flag(serverapp, "--runtime-api-address") == "superlink:8000"
     assert "superlink" in serverapp["depends_on"]
-    assert _mounts(serverapp)["/app/runs"] == (
-        str((root / env["FEDGAN_RUNS_DIR"]).resolve()), "rw")
+    assert _mounts(serverapp)["/app/runs"] == (str((root / env["FEDGAN_RUNS_DIR"]).resolve()), "rw")
     assert env["DATAPLANE_PORT"] in [str(p) for p in serverapp["expose"]]
     assert serverapp["build"]["args"]["FLWR_VERSION"] == env["FLWR_VERSION"]
 
@@ -206,8 +208,7 @@ def test_process_spawning_services_have_init(deployment: tuple[Path, int]) -> No
         assert "--insecure" in service["command"], f"{name}: plain deployment without --insecure"
 
 
-def test_tls_overlay_swaps_insecure_for_mounted_certificates(
-        deployment: tuple[Path, int]) -> None:
+def test_tls_overlay_swaps_insecure_for_mounted_certificates(deployment: tuple[Path, int]) -> None:
     root, _ = deployment
     plain, tls = _services(root, BASE), _services(root, WITH_TLS)
     certs_dir = (root / _env(root)["FEDGAN_CERTS_DIR"]).resolve()
@@ -229,7 +230,8 @@ def test_tls_overlay_swaps_insecure_for_mounted_certificates(
 
 @pytest.mark.parametrize("files", [BASE, WITH_TLS], ids=["plain", "tls"])
 def test_supernodes_send_their_workers_to_the_serverapp_data_plane(
-        files: tuple[str, ...], deployment: tuple[Path, int]) -> None:
+    files: tuple[str, ...], deployment: tuple[Path, int]
+) -> None:
     root, num_clients = deployment
     env, services = _env(root), _services(root, files)
     port = env["DATAPLANE_PORT"]
@@ -240,8 +242,7 @@ def test_supernodes_send_their_workers_to_the_serverapp_data_plane(
     assert port in [str(p) for p in services["serverapp"]["expose"]]
 
 
-def test_tls_overlay_serves_the_data_plane_from_mounted_certificates(
-        deployment: tuple[Path, int]) -> None:
+def test_tls_overlay_serves_the_data_plane_from_mounted_certificates(deployment: tuple[Path, int]) -> None:
     root, _ = deployment
     env = _env(root)
     serverapp = _services(root, WITH_TLS)["serverapp"]
@@ -251,8 +252,11 @@ def test_tls_overlay_serves_the_data_plane_from_mounted_certificates(
     cfg = ExperimentConfig.from_run_config(run_config)
     assert (cfg.dataplane_bind, str(cfg.dataplane_port)) == ("0.0.0.0", env["DATAPLANE_PORT"])
     mounts = _mounts(serverapp)
-    for path, name in ((cfg.dataplane_tls_cert, "server.pem"), (cfg.dataplane_tls_key, "server.key"),
-                       (cfg.dataplane_tls_ca, "ca.crt")):
+    for path, name in (
+        (cfg.dataplane_tls_cert, "server.pem"),
+        (cfg.dataplane_tls_key, "server.key"),
+        (cfg.dataplane_tls_ca, "ca.crt"),
+    ):
         assert mounts[path] == (str(certs_dir / name), "ro"), path
     overlay = (root / compose.TLS_FILE).read_text()
     header = " ".join(line.lstrip("# ") for line in overlay.splitlines() if line.startswith("#"))
@@ -276,6 +280,7 @@ def test_dockerfile_pins_match_the_project() -> None:
 
 # ---- (4) the certificate script
 
+
 def _openssl(*args: str) -> str:
     proc = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -290,12 +295,10 @@ def test_generate_sh_makes_a_verifiable_superlink_certificate(tmp_path: Path) ->
     subprocess.run(["bash", str(script), str(out)], env=env, check=True, capture_output=True)
     assert {p.name for p in out.iterdir()} == {"ca.crt", "ca.key", "server.pem", "server.key"}
     assert (out / "server.key").stat().st_mode & 0o077 == 0
-    assert _openssl("verify", "-CAfile", str(out / "ca.crt"), str(out / "server.pem")).strip() \
-        .endswith(": OK")
+    assert _openssl("verify", "-CAfile", str(out / "ca.crt"), str(out / "server.pem")).strip().endswith(": OK")
     sans = _openssl("x509", "-in", str(out / "server.pem"), "-noout", "-ext", "subjectAltName")
     # One certificate for the SuperLink and the data plane, which the workers dial as serverapp.
-    for name in ("DNS:superlink", f"DNS:{compose.DATAPLANE_HOST}", "DNS:localhost",
-                 "IP Address:127.0.0.1"):
+    for name in ("DNS:superlink", f"DNS:{compose.DATAPLANE_HOST}", "DNS:localhost", "IP Address:127.0.0.1"):
         assert name in sans
     # The overlay mounts exactly what the script writes (and never the CA key).
     overlay = (ROOT / compose.TLS_FILE).read_text()

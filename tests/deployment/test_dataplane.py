@@ -21,13 +21,21 @@ from simulations.deploy import pki
 from simulations.deploy.processes import alive, identity
 
 pytestmark = pytest.mark.slow
-TINY = dict(num_clients=2, model="tiny", batch_size=8, n_critic=1, synthetic_samples_per_writer=24,
-            progress=False, eval=False, sample_every=10**6,
-            # deflate's output size depends on the samples, and float sums on thread counts: compare
-            # byte counts on fixed-size encodings
-            wire_compression="none",
-            # the server's sampling repeated (testing flag), so that two runs ask the same clients
-            sampling_seed=1)
+TINY = dict(
+    num_clients=2,
+    model="tiny",
+    batch_size=8,
+    n_critic=1,
+    synthetic_samples_per_writer=24,
+    progress=False,
+    eval=False,
+    sample_every=10**6,
+    # deflate's output size depends on the samples, and float sums on thread counts: compare
+    # byte counts on fixed-size encodings
+    wire_compression="none",
+    # the server's sampling repeated (testing flag), so that two runs ask the same clients
+    sampling_seed=1,
+)
 
 
 def gone(pid: int, within_s: float = 30.0) -> bool:
@@ -50,8 +58,12 @@ def run_id_of(control: InProcessTransport) -> int:
 
 def test_same_bytes_and_ledgers_as_the_flower_path_and_workers_exit_at_the_end(tmp_path):
     cfg = ExperimentConfig(steps=4, **TINY)
-    plain = run_experiment(cfg.replace(out=str(tmp_path / "a")), RunDirectory.create(cfg.replace(out=str(tmp_path / "a"))),
-                           InProcessTransport(app, 2), transport_name="inprocess")
+    plain = run_experiment(
+        cfg.replace(out=str(tmp_path / "a")),
+        RunDirectory.create(cfg.replace(out=str(tmp_path / "a"))),
+        InProcessTransport(app, 2),
+        transport_name="inprocess",
+    )
     control = control_for(2)
     grpc_cfg = cfg.replace(out=str(tmp_path / "b"))
     transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30))
@@ -60,7 +72,7 @@ def test_same_bytes_and_ledgers_as_the_flower_path_and_workers_exit_at_the_end(t
     finally:
         transport.close()
     assert viagrpc["status"] == "completed"
-    for a, b in zip(plain["clients"], viagrpc["clients"]):
+    for a, b in zip(plain["clients"], viagrpc["clients"], strict=False):
         for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
             assert a[key] == b[key], key
     assert viagrpc["comm"]["bytes_per_step"] == plain["comm"]["bytes_per_step"]
@@ -126,8 +138,9 @@ def test_a_stopped_run_ends_the_exchange(tmp_path):
 def test_tls_data_plane_and_refusals(tmp_path):
     tls = pki.make_tls(tmp_path / "ca", hosts=["127.0.0.1", "localhost"])
     rogue = pki.make_tls(tmp_path / "rogue", hosts=["127.0.0.1", "localhost"])
-    transport, control = started(tmp_path, tls_cert=str(tls.server_cert), tls_key=str(tls.server_key),
-                                 tls_ca=str(tls.ca_cert), idle_s=30)
+    transport, control = started(
+        tmp_path, tls_cert=str(tls.server_cert), tls_key=str(tls.server_key), tls_ca=str(tls.ca_cert), idle_s=30
+    )
     try:
         node = next(iter(control.contexts))
         assert node in transport.servicer.sessions  # connected over TLS with the deployment's CA
@@ -137,11 +150,15 @@ def test_tls_data_plane_and_refusals(tmp_path):
         from protos import dataplane_pb2_grpc as pb_grpc
 
         port = transport.server_port
-        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node,
-                                              token=node_token(transport.secret, run_id_of(control), node)))
-        for channel in (grpc.insecure_channel(f"127.0.0.1:{port}"),
-                        grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(
-                            rogue.ca_cert.read_bytes()))):
+        hello = pb.NodeMessage(
+            hello=pb.Hello(
+                run_id=run_id_of(control), node_id=node, token=node_token(transport.secret, run_id_of(control), node)
+            )
+        )
+        for channel in (
+            grpc.insecure_channel(f"127.0.0.1:{port}"),
+            grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(rogue.ca_cert.read_bytes())),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=10))
             assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -30,15 +30,31 @@ pytestmark = pytest.mark.slow
 # Uncompressed wire: the deployment and the simulation draw different (cryptographic) noise, and only
 # uncompressed messages have sizes that do not depend on the values they carry. The server's client
 # sampling is repeated with the testing flag, so both ask the same clients at the same steps.
-TINY = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
-        "--synthetic-samples-per-writer", "24", "--no-eval", "--no-progress", "--wire-compression", "none",
-        "--sampling-seed", "1"]
+TINY = [
+    "--num-clients",
+    "3",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "24",
+    "--no-eval",
+    "--no-progress",
+    "--wire-compression",
+    "none",
+    "--sampling-seed",
+    "1",
+]
 
 
 def fedgan(*args, timeout=600):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run([str(BIN / "fedgan"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "fedgan"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def started_pids(run_dir: Path) -> list[int]:
@@ -70,7 +86,7 @@ def test_deploy_completes_with_the_simulations_bytes_and_epsilon(tmp_path):
     result = fedgan("simulate", "--transport", "inprocess", *TINY, "--steps", "3", "--out", str(sim_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     sim = json.loads((sim_dir / "summary.json").read_text())
-    for deployed, simulated in zip(summary["clients"], sim["clients"]):
+    for deployed, simulated in zip(summary["clients"], sim["clients"], strict=False):
         for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
             assert deployed[key] == simulated[key], key
     for key in ("bytes_down_total", "bytes_up_total", "envelope_bytes_down_total", "bytes_per_step"):
@@ -97,9 +113,19 @@ def test_tls_and_auth_reject_an_unregistered_supernode(tmp_path):
         nodes = dep.flwr("supernode", "list", "fedgan-local", "--format", "json")["nodes"]
         assert len(nodes) == 3
 
-        cfg = ExperimentConfig(num_clients=3, steps=2, model="tiny", batch_size=8, n_critic=1, dataplane="grpc",
-                               synthetic_samples_per_writer=24, eval=False, progress=False,
-                               out=str(tmp_path / "run"), data_dir=str(tmp_path / "data"))
+        cfg = ExperimentConfig(
+            num_clients=3,
+            steps=2,
+            model="tiny",
+            batch_size=8,
+            n_critic=1,
+            dataplane="grpc",
+            synthetic_samples_per_writer=24,
+            eval=False,
+            progress=False,
+            out=str(tmp_path / "run"),
+            data_dir=str(tmp_path / "data"),
+        )
         assert run_on_deployment(dep, cfg) == 0
         pids = [p.pid for p in dep.started]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -121,9 +147,24 @@ def netns_list() -> list[str]:
 def test_a_supernode_killed_mid_run_is_dropped_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    args = [str(BIN / "fedgan"), "deploy", "--local", "--transport", "flower", *TINY, "--steps", "4",
-            "--clients-per-step", "3",
-            "--reply-timeout-s", "45", "--log-every", "1", "--out", str(run_dir)]
+    args = [
+        str(BIN / "fedgan"),
+        "deploy",
+        "--local",
+        "--transport",
+        "flower",
+        *TINY,
+        "--steps",
+        "4",
+        "--clients-per-step",
+        "3",
+        "--reply-timeout-s",
+        "45",
+        "--log-every",
+        "1",
+        "--out",
+        str(run_dir),
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         victim = _wait_for_first_step(run_dir, proc)
@@ -179,8 +220,23 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text("min-noise-multiplier = 1.0\nmax-epsilon = 100\n")
     run_dir = tmp_path / "refused"
-    result = fedgan("deploy", "--local", "--transport", "flower", *TINY, "--num-clients", "2", "--steps", "2",
-                    "--noise-multiplier", "0.5", "--node-policy", str(policy), "--out", str(run_dir))
+    result = fedgan(
+        "deploy",
+        "--local",
+        "--transport",
+        "flower",
+        *TINY,
+        "--num-clients",
+        "2",
+        "--steps",
+        "2",
+        "--noise-multiplier",
+        "0.5",
+        "--node-policy",
+        str(policy),
+        "--out",
+        str(run_dir),
+    )
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 of 2 nodes refuse this run" in result.stderr
     assert "noise multiplier 0.5 is below the node's minimum 1" in result.stderr and str(policy) in result.stderr

@@ -22,15 +22,50 @@ from common.privacy.analysis import ORDERS
 from simulations.cli import main
 
 NR = dpa.NeighboringRelation
-TINY = ["--transport", "inprocess", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
-        "--synthetic-samples-per-writer", "40", "--no-eval", "--no-progress"]
+TINY = [
+    "--transport",
+    "inprocess",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "40",
+    "--no-eval",
+    "--no-progress",
+]
 RUNS = {
     "gswgan": ["--num-clients", "4", "--steps", "10", "--clients-per-step", "2", "--noise-multiplier", "3.0"],
-    "dpgan": ["--strategy", "dpgan", "--num-clients", "3", "--steps", "4", "--dpgan-batch-size", "16",
-              "--dpgan-n-d", "3"],
-    "fedavg-gan": ["--strategy", "fedavg-gan", "--num-clients", "4", "--steps", "4",
-                   "--fedavg-clients-per-round", "2", "--fedavg-noise-multiplier", "1.5", "--local-steps", "1",
-                   "--server-g-steps", "1"],
+    "dpgan": [
+        "--strategy",
+        "dpgan",
+        "--num-clients",
+        "3",
+        "--steps",
+        "4",
+        "--dpgan-batch-size",
+        "16",
+        "--dpgan-n-d",
+        "3",
+    ],
+    "fedavg-gan": [
+        "--strategy",
+        "fedavg-gan",
+        "--num-clients",
+        "4",
+        "--steps",
+        "4",
+        "--fedavg-clients-per-round",
+        "2",
+        "--fedavg-noise-multiplier",
+        "1.5",
+        "--local-steps",
+        "1",
+        "--server-g-steps",
+        "1",
+    ],
 }
 
 
@@ -124,8 +159,25 @@ def test_the_debugging_tasks_selection_is_in_both_groups_figures(tmp_path):
     """Selection + GS-WGAN answers in each client's ledger, selection + without-replacement steps in
     each group's server ledger: dp-accounting recomputes both, for members and non-members alike."""
     out = tmp_path / "dbg"
-    assert main(["debug-task", *TINY[:-1], "--num-clients", "6", "--steps", "6", "--noise-multiplier", "3.0",
-                 "--num-samples", "50", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "debug-task",
+                *TINY[:-1],
+                "--num-clients",
+                "6",
+                "--steps",
+                "6",
+                "--noise-multiplier",
+                "3.0",
+                "--num-samples",
+                "50",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     for group in ("suspect", "rest"):
         privacy = json.loads((Path(out) / group / "privacy.json").read_text())
         assert all(c["queries"] >= 1 for c in privacy["clients"])  # everyone's selection release

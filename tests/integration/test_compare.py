@@ -7,10 +7,35 @@ from simulations.cli import main
 
 def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = main(["compare", "--transport", "inprocess", "--num-clients", "4", "--steps", "2", "--model", "tiny",
-                 "--batch-size", "8", "--n-critic", "1", "--synthetic-samples-per-writer", "40",
-                 "--dpgan-batch-size", "16", "--dpgan-n-d", "2", "--fedavg-clients-per-round", "2",
-                 "--no-eval", "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "compare",
+            "--transport",
+            "inprocess",
+            "--num-clients",
+            "4",
+            "--steps",
+            "2",
+            "--model",
+            "tiny",
+            "--batch-size",
+            "8",
+            "--n-critic",
+            "1",
+            "--synthetic-samples-per-writer",
+            "40",
+            "--dpgan-batch-size",
+            "16",
+            "--dpgan-n-d",
+            "2",
+            "--fedavg-clients-per-round",
+            "2",
+            "--no-eval",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     assert "fedavg-gan" in capsys.readouterr().out
     result = json.loads((out / "comparison.json").read_text())
@@ -19,17 +44,44 @@ def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
     for name, entry in by_name.items():
         summary = json.loads((out / name / "summary.json").read_text())
         assert entry["summary"] == summary and summary["strategy"] == name
-    assert by_name["fedavg-gan"]["summary"]["epsilon_max"] is None          # unbounded, never a number
-    assert by_name["fedavg-gan"]["generator_steps"] == 2 * 6                 # server_g_steps per round
+    assert by_name["fedavg-gan"]["summary"]["epsilon_max"] is None  # unbounded, never a number
+    assert by_name["fedavg-gan"]["generator_steps"] == 2 * 6  # server_g_steps per round
     assert (out / "bytes_per_step.png").stat().st_size > 1000
 
 
 def test_compare_calibrates_every_strategy_to_one_target(tmp_path):
     out = tmp_path / "cmp"
-    code = main(["compare", "--transport", "inprocess", "--num-clients", "4", "--steps", "4", "--model", "tiny",
-                 "--batch-size", "8", "--n-critic", "1", "--synthetic-samples-per-writer", "40",
-                 "--dpgan-batch-size", "16", "--dpgan-n-d", "2", "--fedavg-clients-per-round", "2",
-                 "--target-epsilon", "20", "--no-eval", "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "compare",
+            "--transport",
+            "inprocess",
+            "--num-clients",
+            "4",
+            "--steps",
+            "4",
+            "--model",
+            "tiny",
+            "--batch-size",
+            "8",
+            "--n-critic",
+            "1",
+            "--synthetic-samples-per-writer",
+            "40",
+            "--dpgan-batch-size",
+            "16",
+            "--dpgan-n-d",
+            "2",
+            "--fedavg-clients-per-round",
+            "2",
+            "--target-epsilon",
+            "20",
+            "--no-eval",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     by_name = {e["strategy"]: e["summary"] for e in json.loads((out / "comparison.json").read_text())["strategies"]}
     assert 0 < by_name["gswgan"]["epsilon_max"] <= 20

@@ -11,9 +11,18 @@ from simulations.experiments.simulate import _run_flower, _run_inprocess
 
 
 def dpgan_cfg(tmp_path, name="run", **changes):
-    base = dict(strategy="dpgan", num_clients=3, steps=4, model="tiny", synthetic_samples_per_writer=40,
-                dpgan_batch_size=16, dpgan_n_d=3, progress=False, eval=False,
-                out=str(tmp_path / name))
+    base = dict(
+        strategy="dpgan",
+        num_clients=3,
+        steps=4,
+        model="tiny",
+        synthetic_samples_per_writer=40,
+        dpgan_batch_size=16,
+        dpgan_n_d=3,
+        progress=False,
+        eval=False,
+        out=str(tmp_path / name),
+    )
     base.update(changes)
     return ExperimentConfig(**base)
 
@@ -56,7 +65,7 @@ def test_target_epsilon_calibrates_sigma_for_the_planned_steps(tmp_path):
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["discriminator_steps"] == 6 and written["target_epsilon"] == 5.0
     assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier != 1.0  # calibrated, recorded as used
-    assert 4.5 < written["clients"][0]["epsilon"] <= 5.0                  # reaches, never overshoots
+    assert 4.5 < written["clients"][0]["epsilon"] <= 5.0  # reaches, never overshoots
 
 
 def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):

@@ -8,8 +8,21 @@ from server.reporting import RunDirectoryError
 from simulations.cli import main
 from simulations.experiments.evaluate import evaluate_run
 
-TINY = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
-        "--synthetic-samples-per-writer", "40", "--no-progress", "--transport", "inprocess"]
+TINY = [
+    "--num-clients",
+    "3",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "40",
+    "--no-progress",
+    "--transport",
+    "inprocess",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +39,11 @@ def test_evaluate_writes_eval_json_plots_and_report(run_dir, capsys):
     assert "domain FID" in printed and "report.html" in printed
     result = json.loads((run_dir / "eval.json").read_text())
     assert result["fid_domain"]["num_samples"] == 60 and result["fid_domain"]["value"] > 0
-    assert result["fid"]["value"] is None                      # --no-inception
+    assert result["fid"]["value"] is None  # --no-inception
     assert 1.0 <= result["inception_score"]["mean"] <= 10.0
     for key in ("gen2real_acc", "real2gen_acc"):
         assert set(result[key]) >= {"cnn", "mlp", "num_train", "num_test"}
-    assert [p["step"] for p in result["curve"]] == [3, 6]       # the snapshots of --eval-every 3
+    assert [p["step"] for p in result["curve"]] == [3, 6]  # the snapshots of --eval-every 3
     assert result["privacy"]["epsilon_max"] == json.loads((run_dir / "summary.json").read_text())["epsilon_max"]
     html = (run_dir / "report.html").read_text()
     assert "data:image/png;base64" in html and "domain FID" in html

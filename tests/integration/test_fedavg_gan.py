@@ -11,9 +11,20 @@ from simulations.experiments.simulate import _run_flower, _run_inprocess
 
 @pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])
 def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner):
-    cfg = ExperimentConfig(strategy="fedavg-gan", num_clients=4, fedavg_clients_per_round=3, steps=3,
-                           model="tiny", batch_size=8, synthetic_samples_per_writer=24, local_steps=2,
-                           server_g_steps=2, progress=False, eval=False, out=str(tmp_path / "run"))
+    cfg = ExperimentConfig(
+        strategy="fedavg-gan",
+        num_clients=4,
+        fedavg_clients_per_round=3,
+        steps=3,
+        model="tiny",
+        batch_size=8,
+        synthetic_samples_per_writer=24,
+        local_steps=2,
+        server_g_steps=2,
+        progress=False,
+        eval=False,
+        out=str(tmp_path / "run"),
+    )
     summary, error = runner(cfg, RunDirectory.create(cfg), False)
     assert error is None, error
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
@@ -22,12 +33,13 @@ def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner):
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     sent = [c for c in written["clients"] if c["queries"] > 0]
     assert sent and all(c["epsilon"] is None and "raw discriminator delta" in c["epsilon_reason"] for c in sent)
-    assert written["epsilon_max"] is None                                # untrusted server: unbounded
+    assert written["epsilon_max"] is None  # untrusted server: unbounded
     amp = written["epsilon_amplified"]
     assert amp["sample_rate"] == 0.75 and amp["steps"] == 3 and amp["epsilon"] > 0
     assert amp["sampling"] == "poisson" and written["not_private"] == []
     # Both directions carry a whole discriminator (down also G): far more than its raw float32 size.
     from common.models import build_discriminator, count_params
+
     d_bytes = 4 * count_params(build_discriminator("tiny"))
     assert written["comm"]["bytes_per_step"]["up"] > d_bytes
     assert written["comm"]["bytes_per_step"]["down"] > written["comm"]["bytes_per_step"]["up"]

@@ -30,13 +30,17 @@ def free_port() -> int:
 def flwr_env(tmp_path_factory):
     home = tmp_path_factory.mktemp("flwr-home")
     (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n[superlink.local]\naddress = ":local:"\n'
-        "options.num-supernodes = 3\n")
+        '[superlink]\ndefault = "local"\n[superlink.local]\naddress = ":local:"\noptions.num-supernodes = 3\n'
+    )
     http_port, control_port = free_port(), free_port()
-    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{BIN}:{os.environ['PATH']}",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
-               FLWR_LOCAL_CONTROL_API_PORT=str(control_port))
+    env = dict(
+        os.environ,
+        FLWR_HOME=str(home),
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+    )
     yield env
     _stop_local_superlink(str(http_port))
 
@@ -55,20 +59,23 @@ def _stop_local_superlink(port: str) -> None:
 
 
 def flwr(env, *args, timeout=400):
-    return subprocess.run([str(BIN / "flwr"), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "flwr"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_statuses(env) -> list[str]:
     out = flwr(env, "ls", "--format", "json", timeout=60)
-    runs = json.loads(out.stdout[out.stdout.index("{"):])["runs"]
+    runs = json.loads(out.stdout[out.stdout.index("{") :])["runs"]
     return [r["status"] for r in sorted(runs, key=lambda r: r["pending-at"])]
 
 
 def test_flwr_run_completes_and_writes_the_run_directory(flwr_env, tmp_path):
     out = tmp_path / "run"
-    config = (f"num-clients=3 steps=4 model='tiny' batch-size=8 n-critic=1 "
-              f"synthetic-samples-per-writer=24 progress=false out='{out}'")
+    config = (
+        f"num-clients=3 steps=4 model='tiny' batch-size=8 n-critic=1 "
+        f"synthetic-samples-per-writer=24 progress=false out='{out}'"
+    )
     result = flwr(flwr_env, "run", ".", "--stream", "--run-config", config)
     assert result.returncode == 0, result.stdout + result.stderr
     assert run_statuses(flwr_env)[-1] == "finished:completed"

@@ -10,8 +10,22 @@ import pytest
 
 from tests.helpers import ROOT
 
-FLAGS = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
-         "--synthetic-samples-per-writer", "24", "--no-progress", "--no-eval", "--log-every", "1"]
+FLAGS = [
+    "--num-clients",
+    "3",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "24",
+    "--no-progress",
+    "--no-eval",
+    "--log-every",
+    "1",
+]
 
 
 # Under Flower's runtime Ray's own C-level handler takes SIGTERM (and aborts the process; the last
@@ -19,10 +33,20 @@ FLAGS = ["--num-clients", "3", "--model", "tiny", "--batch-size", "8", "--n-crit
 @pytest.mark.parametrize("transport, signum", [("inprocess", signal.SIGTERM), ("flower", signal.SIGINT)])
 def test_signal_then_resume(tmp_path, transport, signum):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "simulations.cli", "simulate", *FLAGS, "--steps", "100000",
-           "--transport", transport, "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulations.cli",
+        "simulate",
+        *FLAGS,
+        "--steps",
+        "100000",
+        "--transport",
+        transport,
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -35,10 +59,20 @@ def test_signal_then_resume(tmp_path, transport, signum):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     stopped_at = summary["steps_completed"]
-    resume = [sys.executable, "-m", "simulations.cli", "simulate", "--resume", str(out),
-              "--steps", str(stopped_at + 2), "--transport", "inprocess", "--no-progress"]
-    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
+    resume = [
+        sys.executable,
+        "-m",
+        "simulations.cli",
+        "simulate",
+        "--resume",
+        str(out),
+        "--steps",
+        str(stopped_at + 2),
+        "--transport",
+        "inprocess",
+        "--no-progress",
+    ]
+    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_completed"] == stopped_at + 2

@@ -14,8 +14,12 @@ from server.transport import InProcessTransport
 from tests.helpers import ALLOW_NONPRIVATE
 
 FLOAT32 = dict(wire_samples="float32", wire_dtype="float32", wire_compression="none")
-VARIANTS = {"float32": FLOAT32, "default": {}, "query": dict(critic_fakes="query"),
-            "replay": dict(critic_fakes="replay")}
+VARIANTS = {
+    "float32": FLOAT32,
+    "default": {},
+    "query": dict(critic_fakes="query"),
+    "replay": dict(critic_fakes="replay"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +27,23 @@ def summaries(tmp_path_factory):
     """One 1-step run per variant, same seeds (noise and sampling included: testing flags)."""
     out = {}
     for name, changes in VARIANTS.items():
-        cfg = ExperimentConfig(num_clients=2, steps=1, model="tiny", batch_size=32, n_critic=5,
-                               synthetic_samples_per_writer=40, progress=False, eval=False, noise_seed=1, sampling_seed=1,
-                               log_every=1, sample_every=100, checkpoint_every=100,
-                               out=str(tmp_path_factory.mktemp(name) / "run"), **changes)
+        cfg = ExperimentConfig(
+            num_clients=2,
+            steps=1,
+            model="tiny",
+            batch_size=32,
+            n_critic=5,
+            synthetic_samples_per_writer=40,
+            progress=False,
+            eval=False,
+            noise_seed=1,
+            sampling_seed=1,
+            log_every=1,
+            sample_every=100,
+            checkpoint_every=100,
+            out=str(tmp_path_factory.mktemp(name) / "run"),
+            **changes,
+        )
         transport = InProcessTransport(client_app, 2, node_config=ALLOW_NONPRIVATE)
         out[name] = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
     return out
@@ -52,6 +69,7 @@ def test_encodings_leave_the_privacy_accounting_alone(summaries):
     ref = summaries["float32"]
     for name in ("default", "query", "replay"):
         got = summaries[name]
-        assert [(c["queries"], c["epsilon"], c["epsilon_reason"]) for c in got["clients"]] == \
-            [(c["queries"], c["epsilon"], c["epsilon_reason"]) for c in ref["clients"]], name
+        assert [(c["queries"], c["epsilon"], c["epsilon_reason"]) for c in got["clients"]] == [
+            (c["queries"], c["epsilon"], c["epsilon_reason"]) for c in ref["clients"]
+        ], name
         assert got["epsilon_amplified"] == ref["epsilon_amplified"] and got["not_private"] == ref["not_private"]

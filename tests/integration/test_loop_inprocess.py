@@ -16,9 +16,21 @@ from tests.helpers import ALLOW_NONPRIVATE
 
 
 def cfg_for(tmp_path, name="run", **changes) -> ExperimentConfig:
-    base = dict(num_clients=3, steps=6, model="tiny", batch_size=8, n_critic=2,
-                synthetic_samples_per_writer=24, log_every=1, sample_every=100, checkpoint_every=100,
-                progress=False, eval=False, sampling_seed=3, out=str(tmp_path / name))
+    base = dict(
+        num_clients=3,
+        steps=6,
+        model="tiny",
+        batch_size=8,
+        n_critic=2,
+        synthetic_samples_per_writer=24,
+        log_every=1,
+        sample_every=100,
+        checkpoint_every=100,
+        progress=False,
+        eval=False,
+        sampling_seed=3,
+        out=str(tmp_path / name),
+    )
     base.update(changes)
     return ExperimentConfig(**base)
 
@@ -46,7 +58,8 @@ def test_resume_continues_exactly(tmp_path):
     b = torch.load(part_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
     for key in a["ema"]["module"]:
         assert torch.equal(a["ema"]["module"][key], b["ema"]["module"][key]), key
-    steps = [json.loads(l)["step"] for l in (part_run.path / "metrics.jsonl").read_text().splitlines()]
+    lines = (part_run.path / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]
     assert steps == list(range(1, 7))
 
 
@@ -70,6 +83,7 @@ def _corrupting(node_offset: int, kind: str):
             reply.content["arrays"] = ArrayRecord({"grad": Array(bad)})
             reply.content.config_records["scalars"]["grad_encoding"] = "float32"
         return reply
+
     return app
 
 
@@ -109,7 +123,9 @@ def test_lean_wire_sends_uint8_samples_and_float16_gradients(tmp_path):
     assert down32 - down8 == pytest.approx((n + 1) * B * 784 * 3, abs=64)
     assert lean["wire_dtype"] == "float16"
     assert [c["epsilon"] for c in lean["clients"]] == [c["epsilon"] for c in f32["clients"]]
-    assert lean["epsilon_amplified"]["epsilon"] is None and "sampling-seed" in lean["epsilon_amplified"]["epsilon_reason"]
+    assert (
+        lean["epsilon_amplified"]["epsilon"] is None and "sampling-seed" in lean["epsilon_amplified"]["epsilon_reason"]
+    )
 
 
 def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
@@ -117,8 +133,17 @@ def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
     from common.data import load_client_partition
     from common.models import build_generator, sample_latent
 
-    cfg = cfg_for(tmp_path, steps=40, num_clients=1, noise_multiplier=0.0, clip=1000.0, lr_g=2e-3,
-                  lr_d=2e-3, ema_decay=0.0, synthetic_samples_per_writer=64)
+    cfg = cfg_for(
+        tmp_path,
+        steps=40,
+        num_clients=1,
+        noise_multiplier=0.0,
+        clip=1000.0,
+        lr_g=2e-3,
+        lr_d=2e-3,
+        ema_decay=0.0,
+        synthetic_samples_per_writer=64,
+    )
     run, summary = run_inprocess(cfg)
     written = json.loads((run.path / "summary.json").read_text())
     assert written["epsilon_max"] is None  # σ = 0: unbounded, written as null, never as a number
@@ -170,8 +195,11 @@ def test_a_node_whose_policy_is_broken_stops_the_run_before_any_release(tmp_path
     """The server asks for σ = 1.07 and no budget; node 1 pins σ ≥ 2 and node 2 ε ≤ 5 under a
     smaller δ: the run ends at the hello, naming each node and its reason."""
     cfg = cfg_for(tmp_path, client_epsilon_budget=20.0)
-    transport = InProcessTransport(client_app, 3, node_configs={
-        1: {"privacy-min-noise-multiplier": 2.0}, 2: {"privacy-max-epsilon": 5.0, "privacy-delta": 1e-7}})
+    transport = InProcessTransport(
+        client_app,
+        3,
+        node_configs={1: {"privacy-min-noise-multiplier": 2.0}, 2: {"privacy-max-epsilon": 5.0, "privacy-delta": 1e-7}},
+    )
     with pytest.raises(NodeRefused) as err:
         run_inprocess(cfg, transport=transport)
     text = str(err.value)
@@ -197,10 +225,14 @@ def _late(node_offset: int, step: int):
 
     def app(message, context):
         reply = client_app(message, context)
-        if (context.node_config["partition-id"] == node_offset and message.metadata.message_type == "train.gswgan"
-                and int(message.content.config_records["scalars"]["step"]) >= step):
+        if (
+            context.node_config["partition-id"] == node_offset
+            and message.metadata.message_type == "train.gswgan"
+            and int(message.content.config_records["scalars"]["step"]) >= step
+        ):
             return Message(Error(code=0, reason="reply lost"), reply_to=message)
         return reply
+
     return app
 
 

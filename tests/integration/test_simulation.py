@@ -18,11 +18,23 @@ STEPS = 6
 
 
 def tiny_cfg(tmp_path, **changes) -> ExperimentConfig:
-    base = dict(num_clients=3, steps=STEPS, model="tiny", batch_size=8, n_critic=2,
-                synthetic_samples_per_writer=24, log_every=1, sample_every=3, checkpoint_every=2,
-                progress=False, eval=False, sampling_seed=7, out=str(tmp_path / "run"),
-                # Uncompressed: byte counts then depend on the shapes only, so both runtimes match.
-                wire_compression="none")
+    base = dict(
+        num_clients=3,
+        steps=STEPS,
+        model="tiny",
+        batch_size=8,
+        n_critic=2,
+        synthetic_samples_per_writer=24,
+        log_every=1,
+        sample_every=3,
+        checkpoint_every=2,
+        progress=False,
+        eval=False,
+        sampling_seed=7,
+        out=str(tmp_path / "run"),
+        # Uncompressed: byte counts then depend on the shapes only, so both runtimes match.
+        wire_compression="none",
+    )
     base.update(changes)
     return ExperimentConfig(**base)
 
@@ -66,7 +78,7 @@ def test_epsilon_per_client_from_the_ledger(flower_run):
         for _ in range(c["queries"]):
             prefix.record(PrivacyEvent(noise_multiplier=nm, sample_rate=1.0))
             series.append(prefix.epsilon(delta=cfg.delta))
-        assert all(b > a for a, b in zip(series, series[1:]))
+        assert all(b > a for a, b in zip(series, series[1:], strict=False))
         assert c["epsilon"] == pytest.approx(series[-1])
         assert c["epsilon"] == pytest.approx(ledger.epsilon(delta=cfg.delta))
     assert summary["epsilon_max"] == max(c["epsilon"] for c in summary["clients"])
@@ -80,7 +92,7 @@ def test_bytes_match_the_inprocess_run_of_the_same_seed(flower_run, tmp_path):
     inproc, error = _run_inprocess(cfg2, RunDirectory.create(cfg2), False)
     assert error is None, error
     assert [c["queries"] for c in inproc["clients"]] == [c["queries"] for c in summary["clients"]]
-    for a, b in zip(inproc["clients"], summary["clients"]):
+    for a, b in zip(inproc["clients"], summary["clients"], strict=False):
         # run, node and task ids are random 64-bit varints in Flower (9 or 10 bytes each) and fixed
         # in-process: at most a few bytes per message apart
         assert abs(a["bytes_down"] - b["bytes_down"]) <= 8 * a["queries"]

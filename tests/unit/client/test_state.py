@@ -3,18 +3,19 @@
 import numpy as np
 import pytest
 import torch
-from common.methods.gswgan import answer_query
 
 from client import state as client_state
 from common import client_state as common_client_state
 from common.codec import GsQuery, samples_per_query
 from common.config import ExperimentConfig
+from common.methods.gswgan import answer_query
 
 
 @pytest.fixture
 def cfg():
-    return ExperimentConfig(num_clients=50, model="tiny", batch_size=8, n_critic=2,
-                            synthetic_samples_per_writer=24, noise_seed=5)
+    return ExperimentConfig(
+        num_clients=50, model="tiny", batch_size=8, n_critic=2, synthetic_samples_per_writer=24, noise_seed=5
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +28,12 @@ def _fresh_cache():
 def _query(cfg, step=0):
     rng = np.random.default_rng(step)
     n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
-    return GsQuery(step=step, batch_size=cfg.batch_size,
-                   fake=rng.random((n, 1, 28, 28), dtype=np.float32), labels=rng.integers(0, 10, n))
+    return GsQuery(
+        step=step,
+        batch_size=cfg.batch_size,
+        fake=rng.random((n, 1, 28, 28), dtype=np.float32),
+        labels=rng.integers(0, 10, n),
+    )
 
 
 def _answered(cfg, client_id, tmp_path, steps=1):
@@ -60,12 +65,15 @@ def test_round_trip_restores_everything(cfg, tmp_path):
     assert loaded.ledger.history == state.ledger.history
     assert torch.equal(loaded.data_rng.get_state(), state.data_rng.get_state())
     assert torch.equal(loaded.data.images, state.data.images) and torch.equal(loaded.data.labels, state.data.labels)
-    for a, b in zip(state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values()):
+    for a, b in zip(
+        state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values(), strict=False
+    ):
         assert torch.equal(a, b)
-    for a, b in zip(state.optimizer.state.values(), loaded.optimizer.state.values()):
+    for a, b in zip(state.optimizer.state.values(), loaded.optimizer.state.values(), strict=False):
         assert all(torch.equal(a[k], b[k]) for k in a)
-    np.testing.assert_array_equal(answer_query(state, cfg, _query(cfg, 5)).grad,
-                                  answer_query(loaded, cfg, _query(cfg, 5)).grad)
+    np.testing.assert_array_equal(
+        answer_query(state, cfg, _query(cfg, 5)).grad, answer_query(loaded, cfg, _query(cfg, 5)).grad
+    )
 
 
 def test_first_contact_is_lazy_and_writes_nothing_until_an_answer(cfg, tmp_path):

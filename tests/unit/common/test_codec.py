@@ -7,8 +7,6 @@ import pytest
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
-from protos import wire
-from protos.wire import message_wire_bytes
 from common.codec import (
     GsAnswer,
     GsQuery,
@@ -25,6 +23,8 @@ from common.codec import (
     validate_answer,
     validate_query,
 )
+from protos import wire
+from protos.wire import message_wire_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -34,15 +34,26 @@ def task_identity():
 
 def _query(B=4, n_critic=2, step=3):
     rng = np.random.default_rng(0)
-    return GsQuery(step=step, batch_size=B,
-                   fake=rng.random(((n_critic + 1) * B, 1, 28, 28), dtype=np.float32),
-                   labels=rng.integers(0, 10, (n_critic + 1) * B))
+    return GsQuery(
+        step=step,
+        batch_size=B,
+        fake=rng.random(((n_critic + 1) * B, 1, 28, 28), dtype=np.float32),
+        labels=rng.integers(0, 10, (n_critic + 1) * B),
+    )
 
 
 def _answer(B=4, step=3, grad=None):
     grad = np.zeros((B, 1, 28, 28), np.float32) if grad is None else grad
-    return GsAnswer(step=step, client_id=2, grad=grad, noise_multiplier=0.2, sample_rate=1.0,
-                    queries=5, epsilon=1.5, stats={"wasserstein": 0.1})
+    return GsAnswer(
+        step=step,
+        client_id=2,
+        grad=grad,
+        noise_multiplier=0.2,
+        sample_rate=1.0,
+        queries=5,
+        epsilon=1.5,
+        stats={"wasserstein": 0.1},
+    )
 
 
 def test_query_round_trip():
@@ -63,11 +74,14 @@ def test_answer_round_trip_and_validation_inside_decode():
         wire.decode(GsAnswer, wire.encode(a), batch_size=4, step=4)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (np.zeros((3, 1, 28, 28), np.float32), "shape"),
-    (np.full((4, 1, 28, 28), np.nan, np.float32), "NaN"),
-    (np.zeros((4096 + 1, 1, 28, 28), np.float32), "exceeds"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.zeros((3, 1, 28, 28), np.float32), "shape"),
+        (np.full((4, 1, 28, 28), np.nan, np.float32), "NaN"),
+        (np.zeros((4096 + 1, 1, 28, 28), np.float32), "exceeds"),
+    ],
+)
 def test_bad_answers_are_rejected_with_the_cause(bad, match):
     with pytest.raises(PayloadError, match=match):
         validate_answer(_answer(grad=bad), batch_size=4, step=3)
@@ -107,7 +121,7 @@ def test_wire_bytes_cover_payload_and_halve_with_float16():
     m16 = Message(wire.encode(q), dst_node_id=7, message_type="train.gswgan")
     b32, b16 = message_wire_bytes(m32), message_wire_bytes(m16)
     raw = 6 * 32 * 784
-    assert raw * 4 < b32.payload < raw * 4 + 4096   # the float32 samples plus small headers
+    assert raw * 4 < b32.payload < raw * 4 + 4096  # the float32 samples plus small headers
     assert raw * 2 < b16.payload < raw * 2 + 4096
     assert 100 < b32.envelope < 2000
     # Counting is a pure function of the message: same message, same count.
@@ -119,17 +133,21 @@ def _samples(n=12, seed=0):
     return np.random.default_rng(seed).random((n, 1, 28, 28), dtype=np.float32)
 
 
-@pytest.mark.parametrize("encoding, compress, tag", [
-    ("float32", False, "float32"), ("float32", True, "float32+deflate"),
-    ("uint8", False, "uint8"), ("uint8", True, "uint8+deflate"),
-])
+@pytest.mark.parametrize(
+    "encoding, compress, tag",
+    [
+        ("float32", False, "float32"),
+        ("float32", True, "float32+deflate"),
+        ("uint8", False, "uint8"),
+        ("uint8", True, "uint8+deflate"),
+    ],
+)
 def test_sample_encodings_round_trip_through_the_flower_records(encoding, compress, tag):
     x = _samples()
     x[:, :, :14] = 0.0  # a blank half, so that deflate pays for float32 too
     fake, got_tag = encode_samples(x, encoding, compress=compress)
     assert got_tag == tag
-    q = GsQuery(step=1, batch_size=4, fake=fake, fake_encoding=got_tag,
-                labels=encode_labels(np.arange(12) % 10, 10))
+    q = GsQuery(step=1, batch_size=4, fake=fake, fake_encoding=got_tag, labels=encode_labels(np.arange(12) % 10, 10))
     decoded, labels = validate_query(wire.decode(GsQuery, wire.encode(q)), n_critic=2, num_classes=10)
     assert decoded.dtype == np.float32 and decoded.shape == x.shape
     np.testing.assert_array_equal(labels, np.arange(12) % 10)
@@ -140,14 +158,17 @@ def test_sample_encodings_round_trip_through_the_flower_records(encoding, compre
         np.testing.assert_array_equal(decoded, quantize_samples(x).astype(np.float32) / 255)
 
 
-@pytest.mark.parametrize("wire_dtype, compress", [("float32", False), ("float32", True),
-                                                  ("float16", False), ("float16", True)])
+@pytest.mark.parametrize(
+    "wire_dtype, compress", [("float32", False), ("float32", True), ("float16", False), ("float16", True)]
+)
 def test_grad_encodings_are_exactly_the_cast(wire_dtype, compress):
     g = np.random.default_rng(2).normal(scale=2.0, size=(4, 1, 28, 28)).astype(np.float32)
     grad, tag = encode_grads(g, wire_dtype, compress=compress)
     assert tag.startswith(wire_dtype) and tag.endswith("+deflate") == compress  # noise still deflates a bit
-    answer = wire.decode(GsAnswer, wire.encode(GsAnswer(step=3, client_id=1, grad=grad, grad_encoding=tag,
-                                                  noise_multiplier=0.2, sample_rate=1.0)))
+    answer = wire.decode(
+        GsAnswer,
+        wire.encode(GsAnswer(step=3, client_id=1, grad=grad, grad_encoding=tag, noise_multiplier=0.2, sample_rate=1.0)),
+    )
     decoded = validate_answer(answer, batch_size=4, step=3)
     np.testing.assert_array_equal(decoded, g.astype(wire_dtype).astype(np.float32))
 
@@ -172,21 +193,24 @@ def _deflated(raw: bytes) -> np.ndarray:
 EXPECTED = 4 * 784  # bytes of 4 uint8 samples
 
 
-@pytest.mark.parametrize("data, encoding, match", [
-    (np.zeros((4, 1, 28, 28), np.uint8), "uint4", "unknown encoding"),
-    (np.zeros((4, 1, 28, 28), np.uint8), "uint8+gzip", "unknown encoding"),
-    (np.zeros((4, 1, 28, 28), np.float32), "uint8", "dtype float32"),
-    (np.zeros((4, 1, 28, 28), np.float64), "", "unknown encoding 'float64'"),
-    (np.zeros((3, 1, 28, 28), np.uint8), "uint8", "shape"),
-    (np.full((4, 1, 28, 28), np.inf, np.float32), "float32", "NaN or infinite"),
-    (np.zeros((2, 8), np.uint8), "uint8+deflate", "1-D uint8"),
-    (np.zeros(EXPECTED + 1, np.uint8), "uint8+deflate", "oversized"),
-    (np.frombuffer(b"not a deflate stream", np.uint8), "uint8+deflate", "corrupt"),
-    (_deflated(bytes(EXPECTED))[:-6], "uint8+deflate", "truncated"),
-    (_deflated(bytes(EXPECTED - 1)), "uint8+deflate", "truncated"),
-    (np.concatenate([_deflated(bytes(EXPECTED)), np.ones(3, np.uint8)]), "uint8+deflate", "trailing"),
-    (_deflated(bytes(EXPECTED + 1)), "uint8+deflate", "decompression bomb"),
-])
+@pytest.mark.parametrize(
+    "data, encoding, match",
+    [
+        (np.zeros((4, 1, 28, 28), np.uint8), "uint4", "unknown encoding"),
+        (np.zeros((4, 1, 28, 28), np.uint8), "uint8+gzip", "unknown encoding"),
+        (np.zeros((4, 1, 28, 28), np.float32), "uint8", "dtype float32"),
+        (np.zeros((4, 1, 28, 28), np.float64), "", "unknown encoding 'float64'"),
+        (np.zeros((3, 1, 28, 28), np.uint8), "uint8", "shape"),
+        (np.full((4, 1, 28, 28), np.inf, np.float32), "float32", "NaN or infinite"),
+        (np.zeros((2, 8), np.uint8), "uint8+deflate", "1-D uint8"),
+        (np.zeros(EXPECTED + 1, np.uint8), "uint8+deflate", "oversized"),
+        (np.frombuffer(b"not a deflate stream", np.uint8), "uint8+deflate", "corrupt"),
+        (_deflated(bytes(EXPECTED))[:-6], "uint8+deflate", "truncated"),
+        (_deflated(bytes(EXPECTED - 1)), "uint8+deflate", "truncated"),
+        (np.concatenate([_deflated(bytes(EXPECTED)), np.ones(3, np.uint8)]), "uint8+deflate", "trailing"),
+        (_deflated(bytes(EXPECTED + 1)), "uint8+deflate", "decompression bomb"),
+    ],
+)
 def test_malformed_samples_are_rejected_with_the_cause(data, encoding, match):
     with pytest.raises(PayloadError, match=match):
         decode_samples(data, encoding, count=4)
@@ -215,10 +239,10 @@ def test_lean_payload_bytes_at_the_paper_batch():
     B, n = 32, 5
     x = _samples((n + 1) * B)
     fake, tag = encode_samples(x, "uint8", compress=False)
-    q = GsQuery(step=3, batch_size=B, fake=fake, fake_encoding=tag,
-                labels=encode_labels(np.arange(len(x)) % 10, 10))
-    g, gtag = encode_grads(np.random.default_rng(0).normal(size=(B, 1, 28, 28)).astype(np.float32), "float16",
-                           compress=False)
+    q = GsQuery(step=3, batch_size=B, fake=fake, fake_encoding=tag, labels=encode_labels(np.arange(len(x)) % 10, 10))
+    g, gtag = encode_grads(
+        np.random.default_rng(0).normal(size=(B, 1, 28, 28)).astype(np.float32), "float16", compress=False
+    )
     down = message_wire_bytes(Message(wire.encode(q), dst_node_id=7, message_type="train.gswgan"))
     answer = GsAnswer(step=3, client_id=2, grad=g, grad_encoding=gtag, noise_multiplier=0.2, sample_rate=1.0)
     up = message_wire_bytes(Message(wire.encode(answer), dst_node_id=7, message_type="train.gswgan"))

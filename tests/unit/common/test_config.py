@@ -63,9 +63,24 @@ def test_every_field_is_a_flag_with_help():
     for f in dataclasses.fields(ExperimentConfig):
         assert "--" + f.name.replace("_", "-") in flags
         assert len(f.metadata["help"]) > 10
-    for stable in ("--config", "--strategy", "--dataset", "--data-dir", "--partition", "--num-clients",
-                   "--steps", "--batch-size", "--noise-multiplier", "--clip", "--delta", "--model",
-                   "--seed", "--out", "--resume", "--no-eval"):
+    for stable in (
+        "--config",
+        "--strategy",
+        "--dataset",
+        "--data-dir",
+        "--partition",
+        "--num-clients",
+        "--steps",
+        "--batch-size",
+        "--noise-multiplier",
+        "--clip",
+        "--delta",
+        "--model",
+        "--seed",
+        "--out",
+        "--resume",
+        "--no-eval",
+    ):
         assert stable in flags
 
 

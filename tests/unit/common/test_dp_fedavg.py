@@ -172,7 +172,11 @@ def test_poisson_rounds_take_any_number_of_replies_and_noise_an_empty_one() -> N
 
 def test_privacy_event_is_poisson_with_sample_rate_m_over_k() -> None:
     _, info = aggregate_deltas(
-        [_delta(1.0, 0)], template=_template(), clip_norm=1.0, noise_multiplier=0.7, num_sampled=10,
+        [_delta(1.0, 0)],
+        template=_template(),
+        clip_norm=1.0,
+        noise_multiplier=0.7,
+        num_sampled=10,
         generator=_gen(),
     )
     event = info.privacy_event(num_clients=1000)

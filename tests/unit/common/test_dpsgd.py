@@ -131,8 +131,7 @@ def test_fakes_cost_no_privacy_only_q_and_sigma_per_step() -> None:
     for n_fake in (1, 4, 40):
         trainer = _trainer(DotCritic(), noise_multiplier=1.3, sample_rate=0.02)
         for n_real in (0, 2, 5):  # including an empty Poisson batch
-            trainer.step(torch.randn(n_real, 2), torch.zeros(n_real), torch.randn(n_fake, 2),
-                         torch.zeros(n_fake))
+            trainer.step(torch.randn(n_real, 2), torch.zeros(n_real), torch.randn(n_fake, 2), torch.zeros(n_fake))
         events.append(trainer.privacy_events())
     assert events == [[(1.3, 0.02, 3)]] * 3
     assert _trainer(DotCritic()).privacy_events() == []
@@ -152,12 +151,13 @@ def test_ns_step_on_dpgan_discriminator_runs_and_reports_fake_stats() -> None:
     D = build_dpgan_discriminator("tiny")
     trainer = _trainer(D, noise_multiplier=1.0, max_grad_norm=1.0)
     before = [p.detach().clone() for p in D.parameters()]
-    stats = trainer.step(torch.rand(2, 1, 28, 28), torch.tensor([0, 1]),
-                         torch.rand(4, 1, 28, 28), torch.tensor([2, 3, 4, 5]))
+    stats = trainer.step(
+        torch.rand(2, 1, 28, 28), torch.tensor([0, 1]), torch.rand(4, 1, 28, 28), torch.tensor([2, 3, 4, 5])
+    )
     assert set(stats) == {"d_fake", "fake_accuracy"}
     assert 0.0 <= stats["fake_accuracy"] <= 1.0
     assert trainer.steps_taken == 1
-    assert any(not torch.equal(a, b) for a, b in zip(before, D.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, D.parameters(), strict=False))
 
 
 def test_generator_step_through_frozen_d_leaves_no_grad_samples() -> None:
@@ -202,7 +202,7 @@ def test_wgan_gp_sample_grads_match_per_example_loop(make) -> None:
     alpha, partners = torch.rand(3), torch.tensor([1, 1, 0])
     got = wgan_gp_sample_grads(D, real, real_y, fake, fake_y, alpha, partners, gp_weight=10.0, drift=1e-3)
     want = _loop_wgan_gp_rows(D, real, real_y, fake, fake_y, alpha, partners, gp_weight=10.0, drift=1e-3)
-    for (name, _), w in zip(D.named_parameters(), want):
+    for (name, _), w in zip(D.named_parameters(), want, strict=False):
         assert got[name].shape == (5, *w.shape[1:])
         torch.testing.assert_close(got[name], w, atol=1e-5, rtol=1e-4)
 
@@ -279,8 +279,9 @@ def _opacus_rdp(sigma: float, q: float, steps: int) -> float:
 
 def test_golden_epsilon_of_bie_et_al_mnist_setting() -> None:
     """B=128, N=60000, σ=1, T=450K, δ=1e-5: the paper's (10, 1e-5) budget, from a ledger."""
-    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=128 / 60000, count=450_000,
-                                         sampling="poisson")])
+    ledger = PrivacyLedger(
+        [PrivacyEvent(noise_multiplier=1.0, sample_rate=128 / 60000, count=450_000, sampling="poisson")]
+    )
     assert ledger.epsilon(delta=1e-5) == pytest.approx(9.9696, abs=2e-2)  # paper: ≈ 9.96 (Opacus RDP)
     # paper: ≈ 9.28 (Opacus PRV at eps_error 0.01); the ledger's PRV uses a coarser mesh to fit 450K
     # compositions in its grid, and PRV reports the upper end of its error interval, so a hair more.
@@ -294,9 +295,7 @@ def test_golden_epsilon_of_bie_et_al_mnist_setting() -> None:
     steps=st.integers(10, 3000),
 )
 def test_calibrated_sigma_never_overshoots(target: float, sample_rate: float, steps: int) -> None:
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=target, sample_rate=sample_rate, steps=steps, delta=1e-5
-    )
+    sigma = calibrate_noise_multiplier(target_epsilon=target, sample_rate=sample_rate, steps=steps, delta=1e-5)
     eps = _opacus_rdp(sigma, sample_rate, steps)
     assert eps <= target
     assert eps >= target - 0.011  # Opacus' bisection tolerance (0.01)

@@ -43,9 +43,7 @@ def test_paper_preset_matches_official_parameter_counts() -> None:
 
 
 def test_presets_are_ordered_by_size() -> None:
-    sizes = {
-        p: (count_params(build_generator(p)), count_params(build_discriminator(p))) for p in PRESETS
-    }
+    sizes = {p: (count_params(build_generator(p)), count_params(build_discriminator(p))) for p in PRESETS}
     assert sizes["tiny"][0] < sizes["small"][0] < sizes["paper"][0]
     assert sizes["tiny"][1] < sizes["small"][1] < sizes["paper"][1]
     assert sizes["tiny"][0] < 50_000 and sizes["tiny"][1] < 50_000
@@ -93,9 +91,7 @@ def test_count_params_ignores_buffers() -> None:
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_layers_are_spectrally_normalized(preset: str) -> None:
     for model in (build_generator(preset), build_discriminator(preset)):
-        weighted = [
-            m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))
-        ]
+        weighted = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))]
         assert weighted and all(parametrize.is_parametrized(m, "weight") for m in weighted)
 
 
@@ -198,9 +194,9 @@ def test_ema_update_math() -> None:
         model(*_batch(2)[:2])  # moves spectral norm's u, v buffers
     d = ema_update(ema, model, 0.9)
     assert d == 0.9
-    for p_ema, p_old, p in zip(ema.parameters(), before, model.parameters()):
+    for p_ema, p_old, p in zip(ema.parameters(), before, model.parameters(), strict=False):
         torch.testing.assert_close(p_ema, 0.9 * p_old + 0.1 * p)
-    for b_ema, b in zip(ema.buffers(), model.buffers()):
+    for b_ema, b in zip(ema.buffers(), model.buffers(), strict=False):
         assert torch.equal(b_ema, b)
 
 
@@ -210,7 +206,7 @@ def test_ema_warmup_starts_as_a_copy_then_uses_decay() -> None:
     tracker = GeneratorEMA(model, decay=0.999)
     _perturb(model)
     assert tracker.update(model) == 0.0  # step 0: 1 - 1/1 = 0, a plain copy
-    for p_ema, p in zip(tracker.module.parameters(), model.parameters()):
+    for p_ema, p in zip(tracker.module.parameters(), model.parameters(), strict=False):
         assert torch.equal(p_ema, p)
     assert tracker.update(model) == pytest.approx(0.5)  # step 1: 1 - 1/2
     tracker.num_updates = 10_000
@@ -219,7 +215,7 @@ def test_ema_warmup_starts_as_a_copy_then_uses_decay() -> None:
     other = GeneratorEMA(build_generator("tiny"))
     other.load_state_dict(state)
     assert other.num_updates == 10_001
-    for a, b in zip(other.module.parameters(), tracker.module.parameters()):
+    for a, b in zip(other.module.parameters(), tracker.module.parameters(), strict=False):
         assert torch.equal(a, b)
 
 

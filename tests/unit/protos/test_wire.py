@@ -28,8 +28,14 @@ class Sample:
 
 
 def _sample(**changes) -> Sample:
-    base = dict(step=3, name="n", rate=0.5, flag=True, grid=np.arange(6, dtype=np.float16).reshape(2, 3),
-                weights={"w": torch.ones(2, 2)})
+    base = dict(
+        step=3,
+        name="n",
+        rate=0.5,
+        flag=True,
+        grid=np.arange(6, dtype=np.float16).reshape(2, 3),
+        weights={"w": torch.ones(2, 2)},
+    )
     return Sample(**{**base, **changes})
 
 
@@ -99,9 +105,11 @@ def test_arrays_travel_without_the_npy_header_and_bad_raw_arrays_are_rejected():
     legacy = wire.encode(Grid(x=x))
     legacy["arrays"] = ArrayRecord({"x": Array(x)})  # Flower's own .npy serialization still decodes
     np.testing.assert_array_equal(wire.decode(Grid, legacy).x, x)
-    for bad, match in [(Array(dtype="float16", shape=(3, 5), stype="raw", data=x.tobytes()), "need"),
-                       (Array(dtype="nonsense", shape=(3, 4), stype="raw", data=x.tobytes()), "unknown dtype"),
-                       (Array(dtype="object", shape=(3,), stype="raw", data=b"\0" * 24), "numeric")]:
+    for bad, match in [
+        (Array(dtype="float16", shape=(3, 5), stype="raw", data=x.tobytes()), "need"),
+        (Array(dtype="nonsense", shape=(3, 4), stype="raw", data=x.tobytes()), "unknown dtype"),
+        (Array(dtype="object", shape=(3,), stype="raw", data=b"\0" * 24), "numeric"),
+    ]:
         content = wire.encode(Grid(x=x))
         content["arrays"] = ArrayRecord({"x": bad})
         with pytest.raises(PayloadError, match=match):

@@ -71,8 +71,14 @@ def _run(cfg, transport, queried=(), failed=()):
     """Hello, pretend ``queried`` clients were sent a step message, then fetch the ledgers."""
     strategy = FakeStrategy()
     _, greeting = greet(cfg, "state", transport, strategy, transport.node_ids(cfg.num_clients))
-    _, cost = fetch_ledgers(cfg, transport, strategy, failed={NODE + cid for cid in failed}, queried=set(queried),
-                            holders=greeting.ledger_holders)
+    _, cost = fetch_ledgers(
+        cfg,
+        transport,
+        strategy,
+        failed={NODE + cid for cid in failed},
+        queried=set(queried),
+        holders=greeting.ledger_holders,
+    )
     return strategy, (greeting.bytes_down, greeting.bytes_up), cost
 
 
@@ -105,8 +111,11 @@ def test_failed_nodes_are_asked_too_but_only_briefly(cfg):
     its ledger is asked for, with a short timeout so a dead node cannot hold up the report."""
     transport = FakeTransport(7, ledger_queries={})
     _run(cfg, transport, queried=[1, 3, 4], failed=[3, 4])
-    ledger_exchanges = [(sorted(o.node_id - NODE for o in ex), t)
-                        for ex, t in zip(transport.exchanges, transport.timeouts) if ex[0].message_type == "query.ledger"]
+    ledger_exchanges = [
+        (sorted(o.node_id - NODE for o in ex), t)
+        for ex, t in zip(transport.exchanges, transport.timeouts, strict=False)
+        if ex[0].message_type == "query.ledger"
+    ]
     assert ledger_exchanges == [([1], None), ([3, 4], session.BEST_EFFORT_TIMEOUT_S)]
 
 

@@ -23,8 +23,19 @@ B, N_CRITIC = 4, 2
 
 
 def make(strategy: str, tmp_path, **changes):
-    cfg = ExperimentConfig(**{**dict(strategy=strategy, num_clients=3, model="tiny", batch_size=B,
-                                      n_critic=N_CRITIC, fedavg_clients_per_round=2), **changes})
+    cfg = ExperimentConfig(
+        **{
+            **dict(
+                strategy=strategy,
+                num_clients=3,
+                model="tiny",
+                batch_size=B,
+                n_critic=N_CRITIC,
+                fedavg_clients_per_round=2,
+            ),
+            **changes,
+        }
+    )
     s = build_strategy(cfg, 10, str(tmp_path))
     s.bind_nodes({101: 0, 102: 1, 103: 2})
     return cfg, s
@@ -32,8 +43,11 @@ def make(strategy: str, tmp_path, **changes):
 
 def gs_answer(step=0, client=0, grad=None, **kw):
     grad = np.ones((B, 1, 28, 28), np.float32) if grad is None else grad
-    return wire.encode(GsAnswer(step=step, client_id=client, grad=grad, noise_multiplier=0.5,
-                                  sample_rate=1.0, queries=1, epsilon=1.0, **kw))
+    return wire.encode(
+        GsAnswer(
+            step=step, client_id=client, grad=grad, noise_multiplier=0.5, sample_rate=1.0, queries=1, epsilon=1.0, **kw
+        )
+    )
 
 
 def g_params(strategy):
@@ -55,8 +69,9 @@ def test_gswgan_query_shape_and_uniform_labels(tmp_path):
 def test_gswgan_reused_critic_fakes_send_only_the_queried_batch(tmp_path, mode):
     _, s = make("gswgan", tmp_path, critic_fakes=mode)
     (out,) = s.configure_step(0, [101])
-    fakes, labels = validate_query(wire.decode(GsQuery, out.content), n_critic=N_CRITIC, num_classes=10,
-                                   critic_fakes=mode)
+    fakes, labels = validate_query(
+        wire.decode(GsQuery, out.content), n_critic=N_CRITIC, num_classes=10, critic_fakes=mode
+    )
     assert fakes.shape == (B, 1, 28, 28) and labels.shape == (B,)
 
 
@@ -77,17 +92,24 @@ def test_gswgan_valid_answer_moves_g_and_records_the_event(tmp_path):
     before = g_params(s)
     outcome = s.aggregate_step(0, [Incoming(101, gs_answer())])
     assert outcome.took_step and s.steps_done == 1
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters(), strict=False))
     # The smaller of the planned σ/√B (1.07/2) and what the client says it ran (0.5).
     assert s.records.ledger_of(0).history == (PrivacyEvent(noise_multiplier=0.5, sample_rate=1.0),)
 
 
-@pytest.mark.parametrize("reply, field, charged", [
-    (Incoming(101, None, "timeout"), "failed_nodes", 1),
-    (Incoming(101, gs_answer(grad=np.full((B, 1, 28, 28), np.nan, np.float32))), "failed_nodes", 1),
-    (Incoming(101, gs_answer(step=7)), "failed_nodes", 1),
-    (Incoming(101, wire.encode(GsAnswer(step=0, client_id=0, refused=True, reason="budget"))), "exhausted_nodes", 0),
-])
+@pytest.mark.parametrize(
+    "reply, field, charged",
+    [
+        (Incoming(101, None, "timeout"), "failed_nodes", 1),
+        (Incoming(101, gs_answer(grad=np.full((B, 1, 28, 28), np.nan, np.float32))), "failed_nodes", 1),
+        (Incoming(101, gs_answer(step=7)), "failed_nodes", 1),
+        (
+            Incoming(101, wire.encode(GsAnswer(step=0, client_id=0, refused=True, reason="budget"))),
+            "exhausted_nodes",
+            0,
+        ),
+    ],
+)
 def test_gswgan_unusable_replies_leave_g_alone_and_stay_charged_unless_refused(tmp_path, reply, field, charged):
     """The query was charged when sent: a lost or malformed reply may have been answered (and charged)
     on the client, so the server's record keeps it; only an explicit refusal releases nothing."""
@@ -96,7 +118,7 @@ def test_gswgan_unusable_replies_leave_g_alone_and_stay_charged_unless_refused(t
     before = g_params(s)
     outcome = s.aggregate_step(0, [reply])
     assert not outcome.took_step and getattr(outcome, field) == [101] and outcome.notes
-    assert all(torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters(), strict=False))
     assert s.records.ledger_of(0).queries == charged
     assert s.privacy_report()["clients"][0]["queries"] == charged
 
@@ -173,13 +195,25 @@ def test_dpgan_takes_the_curators_generator_and_ledger(tmp_path):
     (out,) = s.configure_step(0, [101, 102, 103][:1])
     gen = build_generator("tiny")
     ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5)])
-    reply = wire.encode(DpganReply(client_id=0, step=0, refused=False, reason="", noise_multiplier=1.0,
-                                   sample_rate=0.1, new_steps=5, n_d=5, discriminator_steps=5,
-                                   ledger=json.dumps(ledger.state_dict()), stats={"g_loss": 0.5},
-                                   generator=gen.state_dict()))
+    reply = wire.encode(
+        DpganReply(
+            client_id=0,
+            step=0,
+            refused=False,
+            reason="",
+            noise_multiplier=1.0,
+            sample_rate=0.1,
+            new_steps=5,
+            n_d=5,
+            discriminator_steps=5,
+            ledger=json.dumps(ledger.state_dict()),
+            stats={"g_loss": 0.5},
+            generator=gen.state_dict(),
+        )
+    )
     outcome = s.aggregate_step(0, [Incoming(101, reply)])
     assert outcome.took_step
-    for a, b in zip(gen.state_dict().values(), s.generator.state_dict().values()):
+    for a, b in zip(gen.state_dict().values(), s.generator.state_dict().values(), strict=False):
         assert torch.equal(a, b)
     report = s.privacy_report(final=True)
     # The reply's ledger covers every step so far: it replaces the charge made when the round was sent.

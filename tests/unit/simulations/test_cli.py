@@ -9,8 +9,24 @@ import pytest
 
 from simulations.cli import main
 
-TINY = ["--num-clients", "3", "--steps", "3", "--model", "tiny", "--batch-size", "8", "--n-critic", "1",
-        "--synthetic-samples-per-writer", "24", "--no-progress", "--no-eval", "--transport", "inprocess"]
+TINY = [
+    "--num-clients",
+    "3",
+    "--steps",
+    "3",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--n-critic",
+    "1",
+    "--synthetic-samples-per-writer",
+    "24",
+    "--no-progress",
+    "--no-eval",
+    "--transport",
+    "inprocess",
+]
 
 
 def test_bad_values_fail_before_any_work(tmp_path, capsys):
@@ -21,8 +37,19 @@ def test_bad_values_fail_before_any_work(tmp_path, capsys):
 
 
 def test_missing_data_names_the_path_and_the_fix(tmp_path, capsys):
-    code = main(["simulate", "--dataset", "mnist", "--partition", "iid", "--data-dir", str(tmp_path / "nope"),
-                 "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "simulate",
+            "--dataset",
+            "mnist",
+            "--partition",
+            "iid",
+            "--data-dir",
+            str(tmp_path / "nope"),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "nope" in err and "fedgan data download mnist" in err
 
@@ -39,11 +66,24 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
     for needle in ("ε per client", "bytes / step / client", "wall time", str(out)):
         assert needle in printed
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("strategy", "steps_completed", "num_clients", "batch_size", "noise_multiplier", "clip",
-                "delta", "accounting", "clients", "epsilon_max", "comm", "wall_s", "epsilon_amplified"):
+    for key in (
+        "strategy",
+        "steps_completed",
+        "num_clients",
+        "batch_size",
+        "noise_multiplier",
+        "clip",
+        "delta",
+        "accounting",
+        "clients",
+        "epsilon_max",
+        "comm",
+        "wall_s",
+        "epsilon_amplified",
+    ):
         assert key in summary
     assert {"bytes_per_step", "bytes_down_total", "bytes_up_total"} <= set(summary["comm"])
-    assert main(["simulate", "--out", str(out), *TINY]) == 2          # refuses to overwrite a run
+    assert main(["simulate", "--out", str(out), *TINY]) == 2  # refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
     (tmp_path / "crashed").mkdir()
     (tmp_path / "crashed" / "config.json").write_text("{}")
@@ -78,9 +118,27 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
     monkeypatch.setenv(POLICY_ENV, "")  # restored after the test: main() points it at the policy file
     policy = tmp_path / "policy.toml"
     policy.write_text("min-noise-multiplier = 2.0\n")
-    args = ["simulate", "--transport", "inprocess", "--num-clients", "2", "--steps", "1", "--model", "tiny",
-            "--batch-size", "8", "--n-critic", "1", "--synthetic-samples-per-writer", "24", "--no-eval",
-            "--no-progress", "--node-policy", str(policy)]
+    args = [
+        "simulate",
+        "--transport",
+        "inprocess",
+        "--num-clients",
+        "2",
+        "--steps",
+        "1",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "8",
+        "--n-critic",
+        "1",
+        "--synthetic-samples-per-writer",
+        "24",
+        "--no-eval",
+        "--no-progress",
+        "--node-policy",
+        str(policy),
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "2 of 2 nodes refuse" in err and "noise multiplier 1.07 is below the node's minimum 2" in err

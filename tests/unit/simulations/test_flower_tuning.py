@@ -119,8 +119,9 @@ class FakeGrid:
         self.pulls += 1
         if self.pulls < 2:
             return []
-        return [type("Reply", (), {"metadata": type("M", (), {"reply_to_message_id": i})()})()
-                for i in sorted(message_ids)]
+        return [
+            type("Reply", (), {"metadata": type("M", (), {"reply_to_message_id": i})()})() for i in sorted(message_ids)
+        ]
 
     def send_and_receive(self, messages, *, timeout=None):
         raise AssertionError("with on_pushed the transport pushes and pulls itself")

@@ -38,9 +38,7 @@ def server(tmp_path: Path):
     served = tmp_path / "served"
     served.mkdir()
     handler = type("Handler", (_QuietHandler,), {"requests": []})
-    httpd = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(handler, directory=str(served))
-    )
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(served)))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield served, f"http://127.0.0.1:{httpd.server_address[1]}/", handler.requests
@@ -83,9 +81,7 @@ def test_checksum_mismatch_deletes_partial_file(server, tmp_path: Path) -> None:
         download("mnist", tmp_path, base_url=url, checksums=checksums, progress=False)
     assert "deleted" in str(err.value)
     assert not (dest / "train-labels-idx1-ubyte.gz").exists()
-    assert sorted(p.name for p in dest.iterdir()) == [
-        "train-images-idx3-ubyte.gz"
-    ]  # verified before the failure
+    assert sorted(p.name for p in dest.iterdir()) == ["train-images-idx3-ubyte.gz"]  # verified before the failure
 
 
 def test_official_table_rejects_fake_files(server, tmp_path: Path) -> None:
@@ -131,9 +127,7 @@ def test_femnist_tarballs_are_unpacked(server, tmp_path: Path) -> None:
         checksums[archive] = _sha256(served / archive)
     paths = download("femnist", tmp_path / "data", base_url=url, checksums=checksums, progress=False)
     assert sorted(p.name for p in paths) == sorted(
-        f"{stem}_{split}.h5"
-        for stem in ("fed_emnist", "fed_emnist_digitsonly")
-        for split in ("train", "test")
+        f"{stem}_{split}.h5" for stem in ("fed_emnist", "fed_emnist_digitsonly") for split in ("train", "test")
     )
     dataset = load_dataset("femnist", str(tmp_path / "data"))
     assert list(dataset.labels) == [3, 4] and dataset.images.min() == 255  # TFF 0.0 pixels are full ink
@@ -172,9 +166,7 @@ def test_describe_lists_files_and_partition(tmp_path: Path) -> None:
     write_mnist_like(tmp_path / "mnist", np.zeros((40, 28, 28), np.uint8), np.arange(40) % 10)
     text = describe(
         str(tmp_path),
-        ExperimentConfig(
-            dataset="mnist", data_dir=str(tmp_path), partition="iid", num_clients=4, batch_size=16
-        ),
+        ExperimentConfig(dataset="mnist", data_dir=str(tmp_path), partition="iid", num_clients=4, batch_size=16),
     )
     assert mnist_filenames("train")[0] in text and "fedgan data download emnist" in text
     assert "min 10, median 10, max 10, total 40" in text and "TOO SMALL" in text

@@ -163,9 +163,7 @@ def test_emnist_every_split(tmp_path: Path, split: str, classes: int) -> None:
 
 def test_emnist_missing_split_names_file(tmp_path: Path) -> None:
     write_emnist(tmp_path / "emnist", "digits", _images(2), np.arange(2))
-    with pytest.raises(
-        DataError, match="emnist-balanced-train-images-idx3-ubyte.gz.*fedgan data download emnist"
-    ):
+    with pytest.raises(DataError, match="emnist-balanced-train-images-idx3-ubyte.gz.*fedgan data download emnist"):
         load_dataset("emnist", str(tmp_path), emnist_split="balanced")
 
 

@@ -53,7 +53,7 @@ def test_iid_covers_disjoint_balanced(n: int, k: int, seed: int) -> None:
     assert len(_assert_disjoint(parts, n)) == n
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) <= 1
-    assert all(np.array_equal(a, b) for a, b in zip(parts, partition_iid(n, k, seed=seed)))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, partition_iid(n, k, seed=seed), strict=False))
 
 
 @settings(max_examples=40, deadline=None)
@@ -99,14 +99,12 @@ def test_dirichlet_disjoint_covering_min_size_deterministic() -> None:
     assert len(_assert_disjoint(parts, len(labels))) == len(labels)
     assert min(len(p) for p in parts) >= 20
     again = partition_dirichlet(labels, 10, alpha=0.5, seed=1, min_size=20)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=False))
 
 
 def test_dirichlet_skew_grows_as_alpha_shrinks() -> None:
     labels = _labels()
-    skews = [
-        _skew(partition_dirichlet(labels, 10, alpha=a, seed=0, min_size=5), labels) for a in (100.0, 1.0, 0.1)
-    ]
+    skews = [_skew(partition_dirichlet(labels, 10, alpha=a, seed=0, min_size=5), labels) for a in (100.0, 1.0, 0.1)]
     assert skews[0] < 0.2 < skews[1] < skews[2]
     assert skews[2] > 0.5
 
@@ -132,9 +130,7 @@ def test_inversion_fraction_and_determinism() -> None:
 @pytest.fixture
 def mnist_root(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)
-    write_mnist_like(
-        tmp_path / "mnist", rng.integers(0, 256, (400, 28, 28), dtype=np.uint8), np.arange(400) % 10
-    )
+    write_mnist_like(tmp_path / "mnist", rng.integers(0, 256, (400, 28, 28), dtype=np.uint8), np.arange(400) % 10)
     clear_cache()
     yield tmp_path
     clear_cache()
@@ -154,9 +150,7 @@ def test_clients_of_one_config_are_disjoint_and_read_files_once(mnist_root: Path
         data = [load_client_partition(cfg, k) for k in range(4)]
         flat = np.concatenate([d.images.reshape(len(d), -1).numpy() for d in data])
         assert len(np.unique(flat, axis=0)) == len(flat)  # no image held twice (random pixels are unique)
-        assert (
-            data[0].images.shape[1:] == (1, 28, 28) and 0 <= data[0].images.min() <= data[0].images.max() <= 1
-        )
+        assert data[0].images.shape[1:] == (1, 28, 28) and 0 <= data[0].images.min() <= data[0].images.max() <= 1
         assert sum(map(len, data)) == 400
     assert len(reads) == 1
 
@@ -206,14 +200,10 @@ def test_emnist_and_synthetic_iid(tmp_path: Path) -> None:
 
 def test_femnist_client_reads_only_its_writer(tmp_path: Path, monkeypatch) -> None:
     clear_cache()
-    writers = {
-        f"f{w:04d}_00": (np.full((w + 2, 28, 28), w, np.uint8), np.arange(w + 2) % 10) for w in range(3)
-    }
+    writers = {f"f{w:04d}_00": (np.full((w + 2, 28, 28), w, np.uint8), np.arange(w + 2) % 10) for w in range(3)}
     write_tff_h5(femnist_file(tmp_path / "femnist", True), writers)
     monkeypatch.setattr(loading, "read_tff_h5", lambda *a, **k: pytest.fail("whole file read"))
-    cfg = ExperimentConfig(
-        dataset="femnist", data_dir=str(tmp_path), partition="writer", num_clients=3, batch_size=2
-    )
+    cfg = ExperimentConfig(dataset="femnist", data_dir=str(tmp_path), partition="writer", num_clients=3, batch_size=2)
     client = load_client_partition(cfg, 2)
     assert len(client) == 4 and np.allclose(client.images.numpy(), 2 / 255.0)
     assert check_partition_sizes(cfg) == [2, 3, 4]

@@ -60,9 +60,7 @@ def test_test_split_has_fresh_samples_of_the_same_style() -> None:
     train, _ = synthetic_writer(3, 20, seed=0, split="train")
     test, _ = synthetic_writer(3, 20, seed=0, split="test")
     assert not np.array_equal(train, test)
-    dataset = load_dataset(
-        "synthetic", "", split="test", synthetic_writers=2, synthetic_samples_per_writer=20
-    )
+    dataset = load_dataset("synthetic", "", split="test", synthetic_writers=2, synthetic_samples_per_writer=20)
     np.testing.assert_array_equal(dataset.images[:20], synthetic_writer(0, 20, seed=0, split="test")[0])
 
 

@@ -98,9 +98,7 @@ def test_cache_hit_returns_the_same_model_without_training(
     path = Path(meta["cache_path"])
     mtime = path.stat().st_mtime_ns
     monkeypatch.setattr(classifier, "train_classifier", _must_not_train)
-    again, again_meta = load_or_train_domain_classifier(
-        "synthetic", cache_dir=cache_dir, **TRAIN, **SYNTH
-    )
+    again, again_meta = load_or_train_domain_classifier("synthetic", cache_dir=cache_dir, **TRAIN, **SYNTH)
     assert again_meta["cached"] and again_meta["test_accuracy"] == meta["test_accuracy"]
     assert path.stat().st_mtime_ns == mtime
     for name, value in model.state_dict().items():

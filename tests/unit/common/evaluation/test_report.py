@@ -20,36 +20,74 @@ DELTA = 1e-5
 
 
 def _client(cid: int, queries: int, eps: float | None) -> dict:
-    return {"client_id": cid, "queries": queries, "epsilon": eps, "epsilon_prv": eps,
-            "bytes_down": 605_722 * queries, "bytes_up": 102_488 * queries}
+    return {
+        "client_id": cid,
+        "queries": queries,
+        "epsilon": eps,
+        "epsilon_prv": eps,
+        "bytes_down": 605_722 * queries,
+        "bytes_up": 102_488 * queries,
+    }
 
 
 @pytest.fixture
 def summary(tmp_path: Path) -> dict:
     """The shape of a GS-WGAN summary.json (one client never queried)."""
     return {
-        "strategy": "gswgan", "status": "completed", "dataset": "synthetic", "model": "tiny",
-        "partition": "writer", "steps_completed": 30, "steps_planned": 30, "num_clients": 5,
-        "clients_per_step": 1, "batch_size": 32, "noise_multiplier": 1.07, "clip": 1.0, "delta": DELTA,
+        "strategy": "gswgan",
+        "status": "completed",
+        "dataset": "synthetic",
+        "model": "tiny",
+        "partition": "writer",
+        "steps_completed": 30,
+        "steps_planned": 30,
+        "num_clients": 5,
+        "clients_per_step": 1,
+        "batch_size": 32,
+        "noise_multiplier": 1.07,
+        "clip": 1.0,
+        "delta": DELTA,
         "accounting": "per-client, untrusted server: one Gaussian mechanism per query (σ/√B)",
-        "clients": [_client(0, 8, 181.27), _client(1, 5, 124.51), _client(2, 9, 199.66),
-                    _client(3, 0, 0.0), _client(4, 8, 181.27)],
+        "clients": [
+            _client(0, 8, 181.27),
+            _client(1, 5, 124.51),
+            _client(2, 9, 199.66),
+            _client(3, 0, 0.0),
+            _client(4, 8, 181.27),
+        ],
         "epsilon_max": 199.66,
-        "epsilon_amplified": {"epsilon": 246.88, "sample_rate": 0.2, "steps": 30,
-                              "query_noise_multiplier": 0.1892,
-                              "assumption": "amplified, trusted sampling (an assumption about the server)"},
-        "comm": {"bytes_per_step": {"down": 605722.0, "up": 102488.0, "total": 708210.0},
-                 "bytes_down_total": 18171660, "bytes_up_total": 3074640},
-        "wall_s": 7.7, "run_dir": str(tmp_path / "run"), "notes": [],
+        "epsilon_amplified": {
+            "epsilon": 246.88,
+            "sample_rate": 0.2,
+            "steps": 30,
+            "query_noise_multiplier": 0.1892,
+            "assumption": "amplified, trusted sampling (an assumption about the server)",
+        },
+        "comm": {
+            "bytes_per_step": {"down": 605722.0, "up": 102488.0, "total": 708210.0},
+            "bytes_down_total": 18171660,
+            "bytes_up_total": 3074640,
+        },
+        "wall_s": 7.7,
+        "run_dir": str(tmp_path / "run"),
+        "notes": [],
         "privacy_statement": "Privacy statement (δ = 1e-05). The most exposed client has ε = 200.",
     }
 
 
 @pytest.fixture
 def metrics() -> list[dict]:
-    rows = [{"step": s, "time_s": s / 10, "train/wasserstein": 0.1 * s,
-             "privacy/epsilon_max": 7.0 * s, "privacy/epsilon_median": 4.0 * s,
-             "privacy/epsilon_amplified": 8.0 * s} for s in (10, 20, 30)]
+    rows = [
+        {
+            "step": s,
+            "time_s": s / 10,
+            "train/wasserstein": 0.1 * s,
+            "privacy/epsilon_max": 7.0 * s,
+            "privacy/epsilon_median": 4.0 * s,
+            "privacy/epsilon_amplified": 8.0 * s,
+        }
+        for s in (10, 20, 30)
+    ]
     return rows + [dict(rows[-1])]  # the final row is written twice by the run loop
 
 
@@ -71,8 +109,9 @@ def test_epsilon_per_client_bars(summary: dict, tmp_path: Path) -> None:
     assert_png(out, min_side=300)
 
 
-@pytest.mark.parametrize("case", ["null_epsilon", "all_null", "one_client", "many_clients",
-                                  "no_clients", "no_amplified"])
+@pytest.mark.parametrize(
+    "case", ["null_epsilon", "all_null", "one_client", "many_clients", "no_clients", "no_amplified"]
+)
 def test_epsilon_per_client_edge_cases(summary: dict, tmp_path: Path, case: str) -> None:
     s = copy.deepcopy(summary)
     if case == "null_epsilon":
@@ -91,23 +130,38 @@ def test_epsilon_per_client_edge_cases(summary: dict, tmp_path: Path, case: str)
 
 
 def test_client_epsilons_zero_for_idle_and_none_for_unbounded() -> None:
-    rows = plots.client_epsilons({"clients": [_client(0, 0, None), _client(1, 2, None),
-                                              _client(2, 1, 3.5), {"queries": 1, "epsilon": float("inf")}]})
+    rows = plots.client_epsilons(
+        {
+            "clients": [
+                _client(0, 0, None),
+                _client(1, 2, None),
+                _client(2, 1, 3.5),
+                {"queries": 1, "epsilon": float("inf")},
+            ]
+        }
+    )
     assert rows == [(0, 0.0, 0), (1, None, 2), (2, 3.5, 1), (3, None, 1)]
 
 
 # --- ε vs FID --------------------------------------------------------------------------------------
 def test_epsilon_vs_fid(tmp_path: Path) -> None:
-    points = [{"step": 100, "epsilon_max": 20.0, "fid": 180.0}, {"step": 200, "epsilon_max": 35.0, "fid": None},
-              {"step": 300, "epsilon_max": None, "fid": 90.0}, {"step": 400, "epsilon_max": 60.0, "fid": 75.0}]
+    points = [
+        {"step": 100, "epsilon_max": 20.0, "fid": 180.0},
+        {"step": 200, "epsilon_max": 35.0, "fid": None},
+        {"step": 300, "epsilon_max": None, "fid": 90.0},
+        {"step": 400, "epsilon_max": 60.0, "fid": 75.0},
+    ]
     assert_png(plots.plot_epsilon_vs_fid(points, tmp_path / "fid.png", delta=DELTA), min_side=300)
 
 
-@pytest.mark.parametrize("points", [
-    [{"step": 100, "epsilon_max": 20.0, "fid": 180.0}],
-    [],
-    [{"step": 100, "epsilon_max": None, "fid": None}, {"step": 200}],
-])
+@pytest.mark.parametrize(
+    "points",
+    [
+        [{"step": 100, "epsilon_max": 20.0, "fid": 180.0}],
+        [],
+        [{"step": 100, "epsilon_max": None, "fid": None}, {"step": 200}],
+    ],
+)
 def test_epsilon_vs_fid_degenerate(tmp_path: Path, points: list[dict]) -> None:
     assert_png(plots.plot_epsilon_vs_fid(points, tmp_path / "fid.png"))
 
@@ -122,11 +176,14 @@ def test_training_curves(metrics: list[dict], tmp_path: Path) -> None:
     assert_png(plots.plot_training_curves(metrics, tmp_path / "curves.png", delta=DELTA), min_side=300)
 
 
-@pytest.mark.parametrize("rows", [
-    [],
-    [{"step": 10, "train/wasserstein": 0.3}, {"step": 20, "privacy/epsilon_max": 5.0}, {"time_s": 1.0}],
-    [{"step": 10, "privacy/epsilon_max": None, "train/wasserstein": None}],
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        [{"step": 10, "train/wasserstein": 0.3}, {"step": 20, "privacy/epsilon_max": 5.0}, {"time_s": 1.0}],
+        [{"step": 10, "privacy/epsilon_max": None, "train/wasserstein": None}],
+    ],
+)
 def test_training_curves_missing_keys(tmp_path: Path, rows: list[dict]) -> None:
     assert_png(plots.plot_training_curves(rows, tmp_path / "curves.png"))
 
@@ -177,9 +234,15 @@ def test_side_by_side(tmp_path: Path) -> None:
 
 
 # --- report ----------------------------------------------------------------------------------------
-EVAL = {"fid": {"value": 212.3, "num_samples": 2000}, "fid_domain": 41.7, "fid_domain_num_samples": 1000,
-        "inception_score": [3.1, 0.05], "gen2real_acc": {"cnn": 0.412, "mlp": 0.3, "num_samples": 500},
-        "real2gen_acc": {"cnn": None, "mlp": 0.25, "num_train": 6000, "num_test": 2000}, "num_samples": 2000}
+EVAL = {
+    "fid": {"value": 212.3, "num_samples": 2000},
+    "fid_domain": 41.7,
+    "fid_domain_num_samples": 1000,
+    "inception_score": [3.1, 0.05],
+    "gen2real_acc": {"cnn": 0.412, "mlp": 0.3, "num_samples": 500},
+    "real2gen_acc": {"cnn": None, "mlp": 0.25, "num_train": 6000, "num_test": 2000},
+    "num_samples": 2000,
+}
 
 
 def _run_dir(tmp_path: Path, summary: dict, **changes) -> Path:
@@ -190,21 +253,44 @@ def _run_dir(tmp_path: Path, summary: dict, **changes) -> Path:
 
 
 def _embedded_images(page: str) -> list[Image.Image]:
-    return [Image.open(io.BytesIO(base64.b64decode(b64)))
-            for b64 in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+    return [
+        Image.open(io.BytesIO(base64.b64decode(b64)))
+        for b64 in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    ]
 
 
 def test_write_report(summary: dict, metrics: list[dict], tmp_path: Path) -> None:
     run = _run_dir(tmp_path, summary, notes=["check <script>alert('x')</script> & more"])
-    figs = {"epsilon_per_client": plots.plot_epsilon_per_client(summary, run / "plots" / "eps.png"),
-            "training_curves": plots.plot_training_curves(metrics, run / "plots" / "curves.png")}
+    figs = {
+        "epsilon_per_client": plots.plot_epsilon_per_client(summary, run / "plots" / "eps.png"),
+        "training_curves": plots.plot_training_curves(metrics, run / "plots" / "curves.png"),
+    }
     out = write_report(run, EVAL, figs)
     assert out == run / "report.html"
     page = out.read_text()
-    for text in ("gswgan", "δ = 1e-05", "min 124.5", "median 181.3", "max 199.7", "246.9",
-                 "trusted sampling", "605,722", "102,488", "7.7 s", "per-client, untrusted server",
-                 "212.3", "41.7", "3.1 ± 0.05", "CNN 41.2%", "MLP 30.0%", "CNN n/a", "2,000", "1,000", "500",
-                 "The most exposed client has ε = 200"):
+    for text in (
+        "gswgan",
+        "δ = 1e-05",
+        "min 124.5",
+        "median 181.3",
+        "max 199.7",
+        "246.9",
+        "trusted sampling",
+        "605,722",
+        "102,488",
+        "7.7 s",
+        "per-client, untrusted server",
+        "212.3",
+        "41.7",
+        "3.1 ± 0.05",
+        "CNN 41.2%",
+        "MLP 30.0%",
+        "CNN n/a",
+        "2,000",
+        "1,000",
+        "500",
+        "The most exposed client has ε = 200",
+    ):
         assert text in page, text
     assert "<script>" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; more" in page
     images = _embedded_images(page)
@@ -212,8 +298,10 @@ def test_write_report(summary: dict, metrics: list[dict], tmp_path: Path) -> Non
     assert "http://" not in page and "https://" not in page and "<link" not in page  # self-contained
 
 
-@pytest.mark.parametrize("eval_result", [None, {}, {"fid": None, "inception_score": None,
-                                                    "gen2real_acc": None, "real2gen_acc": {"cnn": None}}])
+@pytest.mark.parametrize(
+    "eval_result",
+    [None, {}, {"fid": None, "inception_score": None, "gen2real_acc": None, "real2gen_acc": {"cnn": None}}],
+)
 def test_write_report_survives_missing_evaluation(summary: dict, tmp_path: Path, eval_result) -> None:
     run = _run_dir(tmp_path, summary)
     page = write_report(run, eval_result, {}, title="<b>title</b>").read_text()
@@ -225,8 +313,14 @@ def test_write_report_survives_missing_evaluation(summary: dict, tmp_path: Path,
 
 
 def test_write_report_unbounded_epsilon_and_missing_plot(summary: dict, tmp_path: Path) -> None:
-    fedavg = {**summary, "strategy": "fedavg-gan", "epsilon_max": None,
-              "clients": [_client(i, 2, None) for i in range(3)], "comm": {}, "wall_s": None}
+    fedavg = {
+        **summary,
+        "strategy": "fedavg-gan",
+        "epsilon_max": None,
+        "clients": [_client(i, 2, None) for i in range(3)],
+        "comm": {},
+        "wall_s": None,
+    }
     fedavg.pop("epsilon_amplified")
     run = _run_dir(tmp_path, fedavg)
     page = write_report(run, {"fid": 10.0}, {"bytes_per_step": run / "absent.png"}).read_text()
@@ -255,8 +349,10 @@ def test_format_eval_table() -> None:
     assert lines[0].split() == ["evaluation", "value", "samples"]
     assert any("FID (Inception" in line and "212.3" in line and "2,000" in line for line in lines)
     assert any("gen2real" in line and "CNN 41.2% · MLP 30.0%" in line and line.endswith("500") for line in lines)
-    assert any("real2gen" in line and "CNN n/a · MLP 25.0%" in line and line.endswith("train 6,000 · test 2,000")
-               for line in lines)
+    assert any(
+        "real2gen" in line and "CNN n/a · MLP 25.0%" in line and line.endswith("train 6,000 · test 2,000")
+        for line in lines
+    )
     assert format_eval_table({}) == "no evaluation results"
     assert "n/a" in format_eval_table({"fid": None})
 
@@ -267,15 +363,38 @@ def test_plots_and_report_from_a_tiny_simulation(tmp_path_factory: pytest.TempPa
     from simulations.cli import main
 
     run = tmp_path_factory.mktemp("sim") / "run"
-    main(["simulate", "--transport", "inprocess", "--steps", "3", "--num-clients", "3", "--model", "tiny",
-          "--batch-size", "8", "--n-critic", "1", "--synthetic-samples-per-writer", "24", "--no-progress",
-          "--log-every", "1", "--no-eval", "--out", str(run)])
+    main(
+        [
+            "simulate",
+            "--transport",
+            "inprocess",
+            "--steps",
+            "3",
+            "--num-clients",
+            "3",
+            "--model",
+            "tiny",
+            "--batch-size",
+            "8",
+            "--n-critic",
+            "1",
+            "--synthetic-samples-per-writer",
+            "24",
+            "--no-progress",
+            "--log-every",
+            "1",
+            "--no-eval",
+            "--out",
+            str(run),
+        ]
+    )
     summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    figs = {"epsilon_per_client": plots.plot_epsilon_per_client(summary, run / "plots" / "eps.png"),
-            "training_curves": plots.plot_training_curves(rows, run / "plots" / "curves.png",
-                                                          delta=summary["delta"]),
-            "bytes_per_step": plots.plot_bytes_per_step([summary], run / "plots" / "bytes.png")}
+    figs = {
+        "epsilon_per_client": plots.plot_epsilon_per_client(summary, run / "plots" / "eps.png"),
+        "training_curves": plots.plot_training_curves(rows, run / "plots" / "curves.png", delta=summary["delta"]),
+        "bytes_per_step": plots.plot_bytes_per_step([summary], run / "plots" / "bytes.png"),
+    }
     for path in figs.values():
         assert_png(path, min_side=300)
     page = write_report(run, {}, figs).read_text()
@@ -283,22 +402,67 @@ def test_plots_and_report_from_a_tiny_simulation(tmp_path_factory: pytest.TempPa
     assert f"δ = {summary['delta']:g}" in page
 
 
-@pytest.mark.parametrize("strategy, says, never", [
-    ("dpgan", ["ε per example, trusted curator", "B = 16", "q = 0.1333"], ["per client, untrusted server", "m per step"]),
-    ("fedavg-gan", ["ε per client, untrusted server", "S = 0.1", "z = 0.01", "user-level, trusted server",
-                    "raw discriminator delta"], ["σ = 1.07", "C = 1"]),
-])
-def test_report_labels_each_strategys_guarantee_and_mechanism(tmp_path: Path, strategy: str, says: list[str],
-                                                              never: list[str]) -> None:
+@pytest.mark.parametrize(
+    "strategy, says, never",
+    [
+        (
+            "dpgan",
+            ["ε per example, trusted curator", "B = 16", "q = 0.1333"],
+            ["per client, untrusted server", "m per step"],
+        ),
+        (
+            "fedavg-gan",
+            [
+                "ε per client, untrusted server",
+                "S = 0.1",
+                "z = 0.01",
+                "user-level, trusted server",
+                "raw discriminator delta",
+            ],
+            ["σ = 1.07", "C = 1"],
+        ),
+    ],
+)
+def test_report_labels_each_strategys_guarantee_and_mechanism(
+    tmp_path: Path, strategy: str, says: list[str], never: list[str]
+) -> None:
     """DPGAN's ε is example-level with a trusted curator, and Fed-Avg's mechanism is S and z: the page
     must not call the one per-client/untrusted, nor show GS-WGAN's σ and C for the other."""
     from simulations.cli import main
 
     run = tmp_path / "run"
-    assert main(["simulate", "--strategy", strategy, "--transport", "inprocess", "--steps", "2", "--num-clients", "3",
-                 "--model", "tiny", "--batch-size", "8", "--synthetic-samples-per-writer", "40",
-                 "--dpgan-batch-size", "16", "--dpgan-n-d", "1", "--fedavg-clients-per-round", "2",
-                 "--no-progress", "--no-eval", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--strategy",
+                strategy,
+                "--transport",
+                "inprocess",
+                "--steps",
+                "2",
+                "--num-clients",
+                "3",
+                "--model",
+                "tiny",
+                "--batch-size",
+                "8",
+                "--synthetic-samples-per-writer",
+                "40",
+                "--dpgan-batch-size",
+                "16",
+                "--dpgan-n-d",
+                "1",
+                "--fedavg-clients-per-round",
+                "2",
+                "--no-progress",
+                "--no-eval",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     page = write_report(run, {}, {}).read_text()
     for text in says:
         assert text in page, text

@@ -19,8 +19,9 @@ from common.evaluation.fid import feature_stats, frechet_distance
 def setup(tmp_path_factory):
     torch.manual_seed(0)
     kwargs = dict(synthetic_writers=30, synthetic_samples_per_writer=60)
-    model, meta = load_or_train_domain_classifier("synthetic", cache_dir=tmp_path_factory.mktemp("cache"),
-                                                  epochs=2, progress=False, **kwargs)
+    model, meta = load_or_train_domain_classifier(
+        "synthetic", cache_dir=tmp_path_factory.mktemp("cache"), epochs=2, progress=False, **kwargs
+    )
     test = load_dataset("synthetic", split="test", **kwargs)
     images = torch.from_numpy(test.images[:1200]).float().div(255).unsqueeze(1)
     return model, images
@@ -43,4 +44,4 @@ def test_fid_grows_monotonically_with_corruption(setup):
     rng = torch.Generator().manual_seed(1)
     noise = torch.rand(target.shape, generator=rng)
     values = [fid(model, reference, (1 - t) * target + t * noise) for t in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    assert all(b > a for a, b in zip(values, values[1:])), values
+    assert all(b > a for a, b in zip(values, values[1:], strict=False)), values

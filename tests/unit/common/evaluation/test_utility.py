@@ -59,8 +59,7 @@ def test_gen2real_with_label_shuffled_samples_is_chance(real: tuple[Dataset, Dat
 def test_real2gen_recognises_real_data_and_rejects_wrong_labels(real: tuple[Dataset, Dataset]) -> None:
     train, test = real
     good = real2gen(train.images, train.labels, test.images[:500], test.labels[:500], 10, archs=("mlp",))
-    bad = real2gen(train.images, train.labels, test.images[:500], _shuffled(test.labels[:500]), 10,
-                   archs=("mlp",))
+    bad = real2gen(train.images, train.labels, test.images[:500], _shuffled(test.labels[:500]), 10, archs=("mlp",))
     assert set(good) == {"mlp", "num_train", "num_test"} and good["num_test"] == 500
     assert good["mlp"] > 0.7 and bad["mlp"] < CHANCE_MARGIN  # measured: 0.81 and 0.13
 

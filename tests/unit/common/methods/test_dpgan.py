@@ -10,8 +10,9 @@ from common.privacy.sampling import VOID_SAMPLING_SEED
 
 
 def _node_cfg(**changes) -> ExperimentConfig:
-    return ExperimentConfig(strategy="dpgan", num_clients=2, model="tiny", synthetic_samples_per_writer=40,
-                            dpgan_batch_size=16, **changes)
+    return ExperimentConfig(
+        strategy="dpgan", num_clients=2, model="tiny", synthetic_samples_per_writer=40, dpgan_batch_size=16, **changes
+    )
 
 
 def test_curator_batches_are_secret_unless_the_testing_flag_says_otherwise() -> None:

@@ -76,9 +76,7 @@ def test_server_generator_steps_change_g_only() -> None:
     G, D = build_generator("tiny", z_dim=Z_DIM), build_discriminator("tiny")
     D.train()
     g_before, d_before = _states(G), _states(D)
-    stats = server_generator_steps(
-        G, D, steps=3, batch_size=8, z_dim=Z_DIM, num_classes=NUM_CLASSES, generator=_gen(2)
-    )
+    stats = server_generator_steps(G, D, steps=3, batch_size=8, z_dim=Z_DIM, num_classes=NUM_CLASSES, generator=_gen(2))
     assert stats["g_steps"] == 3 and math.isfinite(stats["g_loss"])
     assert any(not torch.equal(v, g_before[k]) for k, v in G.state_dict().items())
     for k, v in D.state_dict().items():

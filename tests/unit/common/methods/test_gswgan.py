@@ -3,13 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from common.methods.gswgan import (
-    answer_query,
-    planned_event,
-    replay_buffer,
-    select_critic_fakes,
-    warm_start,
-)
 
 from client import state as client_state
 from common.codec import (
@@ -21,19 +14,31 @@ from common.codec import (
     samples_per_query,
 )
 from common.config import ExperimentConfig
+from common.methods.gswgan import (
+    answer_query,
+    planned_event,
+    replay_buffer,
+    select_critic_fakes,
+    warm_start,
+)
 
 
 @pytest.fixture
 def cfg():
-    return ExperimentConfig(num_clients=2, model="tiny", batch_size=8, n_critic=2,
-                            synthetic_samples_per_writer=24, noise_seed=5)
+    return ExperimentConfig(
+        num_clients=2, model="tiny", batch_size=8, n_critic=2, synthetic_samples_per_writer=24, noise_seed=5
+    )
 
 
 def _query(cfg, step=0):
     rng = np.random.default_rng(step)
     n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
-    return GsQuery(step=step, batch_size=cfg.batch_size,
-                   fake=rng.random((n, 1, 28, 28), dtype=np.float32), labels=rng.integers(0, 10, n))
+    return GsQuery(
+        step=step,
+        batch_size=cfg.batch_size,
+        fake=rng.random((n, 1, 28, 28), dtype=np.float32),
+        labels=rng.integers(0, 10, n),
+    )
 
 
 def test_answer_records_exactly_one_event(cfg):
@@ -71,7 +76,9 @@ def test_state_survives_a_new_process_exactly(cfg, tmp_path):
     client_state.clear_cache()  # as if the worker process were new
     loaded = client_state.load_state(cfg, 1, tmp_path, version=state.version)
     assert loaded is not state and loaded.ledger.queries == 1 and loaded.version == state.version
-    for a, b in zip(state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values()):
+    for a, b in zip(
+        state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values(), strict=False
+    ):
         assert torch.equal(a, b)
     # Both continue identically (same data cursor, same seeded noise).
     a = answer_query(state, cfg, _query(cfg, 1))
@@ -100,7 +107,7 @@ def test_warm_start_trains_d_without_privacy_cost(cfg):
     before = [p.detach().clone() for p in state.discriminator.parameters()]
     warm_start(state, warm)
     assert state.warmed_up and state.ledger.queries == 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters(), strict=False))
 
 
 def _grads(answer, B=8):
@@ -128,8 +135,7 @@ def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
     q = _query(cfg)
     levels, tag = encode_samples(q.fake, "uint8", compress=True)
     as_uint8 = GsQuery(step=0, batch_size=8, fake=levels, labels=q.labels, fake_encoding=tag)
-    dequantized = GsQuery(step=0, batch_size=8, labels=q.labels,
-                          fake=quantize_samples(q.fake).astype(np.float32) / 255)
+    dequantized = GsQuery(step=0, batch_size=8, labels=q.labels, fake=quantize_samples(q.fake).astype(np.float32) / 255)
     a = answer_query(client_state.new_state(cfg, 1), cfg, as_uint8)
     b = answer_query(client_state.new_state(cfg, 1), cfg, dequantized)
     np.testing.assert_array_equal(_grads(a), _grads(b))

@@ -156,9 +156,7 @@ def test_no_events_is_zero_and_no_noise_is_infinite() -> None:
     assert rdp_epsilon([(0.0, 0.5, 3)], delta=DELTA)[0] == math.inf
 
 
-@pytest.mark.parametrize(
-    "bad", [(-1.0, 1.0, 1), (1.0, 1.5, 1), (1.0, 1.0, -1), (math.nan, 1.0, 1), (1.0, 1.0, 1.5)]
-)
+@pytest.mark.parametrize("bad", [(-1.0, 1.0, 1), (1.0, 1.5, 1), (1.0, 1.0, -1), (math.nan, 1.0, 1), (1.0, 1.0, 1.5)])
 def test_invalid_events_are_rejected(bad: tuple) -> None:
     with pytest.raises(ValueError):
         rdp_epsilon([bad], delta=DELTA)

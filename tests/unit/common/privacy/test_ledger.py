@@ -42,7 +42,11 @@ def test_empty_ledger() -> None:
     ledger = PrivacyLedger()
     assert ledger.queries == 0 and ledger.epsilon(delta=DELTA) == 0.0
     assert ledger.epsilon_both(delta=DELTA) == {
-        "epsilon": 0.0, "epsilon_prv": 0.0, "epsilon_prv_reason": None, "order": None, "queries": 0
+        "epsilon": 0.0,
+        "epsilon_prv": 0.0,
+        "epsilon_prv_reason": None,
+        "order": None,
+        "queries": 0,
     }
 
 
@@ -61,13 +65,19 @@ def test_load_rejects_foreign_state() -> None:
     with pytest.raises(ValueError):
         PrivacyLedger.from_state_dict({"history": []})
     with pytest.raises(ValueError):
-        PrivacyLedger.from_state_dict({"format": "fedgan.privacy_ledger/1",
-                                       "history": [{"noise_multiplier": -1, "sample_rate": 1}]})
+        PrivacyLedger.from_state_dict(
+            {"format": "fedgan.privacy_ledger/1", "history": [{"noise_multiplier": -1, "sample_rate": 1}]}
+        )
 
 
 def test_format_1_ledgers_still_load() -> None:
-    old = {"format": "fedgan.privacy_ledger/1", "history": [{"noise_multiplier": NM, "sample_rate": 1.0, "count": 3},
-                                                            {"noise_multiplier": 1.0, "sample_rate": 0.01, "count": 5}]}
+    old = {
+        "format": "fedgan.privacy_ledger/1",
+        "history": [
+            {"noise_multiplier": NM, "sample_rate": 1.0, "count": 3},
+            {"noise_multiplier": 1.0, "sample_rate": 0.01, "count": 5},
+        ],
+    }
     ledger = PrivacyLedger.from_state_dict(old)
     assert [e.sampling for e in ledger.history] == ["none", "poisson"] and ledger.queries == 8
     assert ledger.state_dict()["format"] == "fedgan.privacy_ledger/2"
@@ -92,8 +102,9 @@ def test_budget_check_ignores_void_marks_so_debugging_runs_stop_where_private_on
     voided = PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=5, void=VOID_CLIENT_STATS)])
     private = _ledger((5, NM))
     for budget in (300.0, 400.0, 1000.0):
-        assert voided.would_exceed(budget=budget, delta=DELTA, next_event=QUERY) == \
-            private.would_exceed(budget=budget, delta=DELTA, next_event=QUERY)
+        assert voided.would_exceed(budget=budget, delta=DELTA, next_event=QUERY) == private.would_exceed(
+            budget=budget, delta=DELTA, next_event=QUERY
+        )
 
 
 def test_poisson_and_without_replacement_events_never_share_a_ledger() -> None:

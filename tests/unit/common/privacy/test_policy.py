@@ -18,9 +18,12 @@ from common.privacy.policy import POLICY_ENV, policy_from_file
 def test_defaults_forbid_every_non_private_option() -> None:
     policy = NodePolicy()
     assert policy.violations(ExperimentConfig()) == []
-    for change, word in [(dict(noise_seed=3), "noise seed"), (dict(client_stats=True), "statistics"),
-                         (dict(noise_multiplier=0.0), "without noise"),
-                         (dict(strategy="dpgan", sampling_seed=1), "DP-SGD batches")]:
+    for change, word in [
+        (dict(noise_seed=3), "noise seed"),
+        (dict(client_stats=True), "statistics"),
+        (dict(noise_multiplier=0.0), "without noise"),
+        (dict(strategy="dpgan", sampling_seed=1), "DP-SGD batches"),
+    ]:
         (reason,) = policy.violations(ExperimentConfig(**change))
         assert word in reason and "allow-nonprivate" in reason
     # The server's own sampling seed only voids the server-side (amplified) figure: allowed.
@@ -60,17 +63,24 @@ def test_sources_in_order_node_config_file_environment(tmp_path) -> None:
     from_env = load_policy({}, {POLICY_ENV: str(file)})
     assert (from_env.min_noise_multiplier, from_env.max_epsilon, from_env.allow_nonprivate) == (2.0, 9.5, True)
     assert load_policy({"privacy-policy": str(file)}, {}).source.endswith("policy.toml")
-    inline = load_policy({"privacy-max-epsilon": 3, "privacy-allow-nonprivate": "false", "partition-id": 0},
-                         {POLICY_ENV: str(file)})
+    inline = load_policy(
+        {"privacy-max-epsilon": 3, "privacy-allow-nonprivate": "false", "partition-id": 0}, {POLICY_ENV: str(file)}
+    )
     assert (inline.max_epsilon, inline.allow_nonprivate, inline.source) == (3.0, False, "node config")
     (tmp_path / "table.toml").write_text("[policy]\ndelta = 1e-6\n")
     assert policy_from_file(tmp_path / "table.toml").delta == 1e-6
 
 
-@pytest.mark.parametrize("text, words", [
-    ("max-epsilon = -1", "max-epsilon"), ("min-noise = 1", "unknown key"), ("delta = 2.0", "delta"),
-    ("allow-nonprivate = 1", "true or false"), ("max-epsilon = [", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("max-epsilon = -1", "max-epsilon"),
+        ("min-noise = 1", "unknown key"),
+        ("delta = 2.0", "delta"),
+        ("allow-nonprivate = 1", "true or false"),
+        ("max-epsilon = [", "not valid TOML"),
+    ],
+)
 def test_a_bad_policy_is_an_error_naming_the_file_and_field(tmp_path, text: str, words: str) -> None:
     path = tmp_path / "p.toml"
     path.write_text(text)

@@ -53,9 +53,7 @@ def test_zero_gradient_is_not_nan() -> None:
 
 
 def test_event_is_one_query_at_sigma_over_sqrt_b() -> None:
-    _, event = sanitize_sample_grads(
-        torch.randn(32, 10), clip=1.0, noise_multiplier=1.07, generator=noise_generator(1)
-    )
+    _, event = sanitize_sample_grads(torch.randn(32, 10), clip=1.0, noise_multiplier=1.07, generator=noise_generator(1))
     assert event == PrivacyEvent(noise_multiplier=1.07 / math.sqrt(32), sample_rate=1.0, count=1)
 
 
@@ -76,8 +74,12 @@ def test_non_finite_gradients_are_zeroed_noised_and_charged(bad: float) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(clip=0.0, noise_multiplier=1.0), dict(clip=-1.0, noise_multiplier=1.0),
-     dict(clip=1.0, noise_multiplier=-0.1), dict(clip=math.inf, noise_multiplier=1.0)],
+    [
+        dict(clip=0.0, noise_multiplier=1.0),
+        dict(clip=-1.0, noise_multiplier=1.0),
+        dict(clip=1.0, noise_multiplier=-0.1),
+        dict(clip=math.inf, noise_multiplier=1.0),
+    ],
 )
 def test_invalid_parameters_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError):
@@ -121,7 +123,10 @@ def test_event_dict_round_trip_and_validation() -> None:
     event = PrivacyEvent(noise_multiplier=0.25, sample_rate=1.0, count=3)
     assert PrivacyEvent.from_dict(json.loads(json.dumps(event.to_dict()))) == event
     assert event.astuple() == (0.25, 1.0, 3)
-    for bad in [dict(noise_multiplier=-1.0, sample_rate=1.0), dict(noise_multiplier=1.0, sample_rate=2.0),
-                dict(noise_multiplier=1.0, sample_rate=1.0, count=0)]:
+    for bad in [
+        dict(noise_multiplier=-1.0, sample_rate=1.0),
+        dict(noise_multiplier=1.0, sample_rate=2.0),
+        dict(noise_multiplier=1.0, sample_rate=1.0, count=0),
+    ]:
         with pytest.raises(ValueError):
             PrivacyEvent(**bad)

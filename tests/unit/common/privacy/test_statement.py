@@ -24,13 +24,27 @@ GS = dict(delta=DELTA, accountant="rdp", noise_multiplier=1.07, batch_size=32)
 
 
 def _ledgers(counts: dict[int, int], void: str = "") -> dict[int, PrivacyLedger]:
-    return {cid: PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=n, void=void)] if n else [])
-            for cid, n in counts.items()}
+    return {
+        cid: PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=n, void=void)] if n else [])
+        for cid, n in counts.items()
+    }
 
 
 def _server(steps: int, population: int = 4, void: str = "") -> PrivacyLedger:
-    return PrivacyLedger([PrivacyEvent(noise_multiplier=NM, sample_rate=1 / population, count=steps,
-                                       sampling="wor", population=population, void=void)] if steps else [])
+    return PrivacyLedger(
+        [
+            PrivacyEvent(
+                noise_multiplier=NM,
+                sample_rate=1 / population,
+                count=steps,
+                sampling="wor",
+                population=population,
+                void=void,
+            )
+        ]
+        if steps
+        else []
+    )
 
 
 def test_statement_names_rules_delta_and_both_figures_from_the_ledgers() -> None:

@@ -46,12 +46,19 @@ def test_forward_differences_are_exact_where_float64_cancels() -> None:
 
 def _renyi(p_means: list[float], q_means: list[float], sigma: float, alpha: int) -> float:
     """D_α(P‖Q) of two equal-weight mixtures of 1-D Gaussians N(μ, σ²), by quadrature in log space."""
+
     def log_mix(x: float, means: list[float]) -> float:
-        return special.logsumexp([-(x - m) ** 2 / (2 * sigma**2) for m in means]) - math.log(len(means))
+        return special.logsumexp([-((x - m) ** 2) / (2 * sigma**2) for m in means]) - math.log(len(means))
 
     lo, hi = min(p_means + q_means) - 40 * sigma, max(p_means + q_means) + 40 * sigma
-    integrand = lambda x: math.exp(alpha * log_mix(x, p_means) - (alpha - 1) * log_mix(x, q_means)  # noqa: E731
-                                   - math.log(sigma * math.sqrt(2 * math.pi)))
+
+    def integrand(x):
+        return math.exp(
+            alpha * log_mix(x, p_means)
+            - (alpha - 1) * log_mix(x, q_means)  # noqa: E731
+            - math.log(sigma * math.sqrt(2 * math.pi))
+        )
+
     value, _ = integrate.quad(integrand, lo, hi, limit=400, points=sorted(set(p_means + q_means)))
     return math.log(value) / (alpha - 1)
 
@@ -84,8 +91,9 @@ def test_golden_gswgan_defaults_without_replacement() -> None:
     """`make run`'s federation: 300 steps, 1 of 20 clients, σ = 1.07, B = 32. Without replacement the
     bound is far above the per-client figure (~306 for the expected 15 queries): at this noise one
     query already has ε(2) ≈ 28, and amplification needs noise to work with."""
-    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=NM, sample_rate=1 / 20, count=300, sampling="wor",
-                                         population=20)])
+    ledger = PrivacyLedger(
+        [PrivacyEvent(noise_multiplier=NM, sample_rate=1 / 20, count=300, sampling="wor", population=20)]
+    )
     assert ledger.epsilon(delta=DELTA) == pytest.approx(6805.64, rel=1e-4)
     per_client = PrivacyLedger([PrivacyEvent(noise_multiplier=NM, count=15)]).epsilon(delta=DELTA)
     assert per_client < 320 < ledger.epsilon(delta=DELTA)
