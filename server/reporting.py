@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from common.config import ExperimentConfig
-from common.evaluation.plots import tile_images
+from common.evaluation.grids import tile_images
 from common.models import sample_latent
 
 CHECKPOINT = "checkpoint.pt"

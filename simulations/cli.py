@@ -9,28 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from common.calibration import prepare
-from common.config import ConfigError, ExperimentConfig
+from common.config import ExperimentConfig
 
-EXIT_BAD_INPUT = 2
-RESUMABLE_OVERRIDES = {
-    "steps",
-    "progress",
-    "eval",
-    "log_every",
-    "sample_every",
-    "checkpoint_every",
-    "eval_every",
-    "eval_samples",
-    "eval_fid_samples",
-    "eval_inception",
-    "inception_weights",
-}
+from .commands import resolve_config
+
+__all__ = ["build_parser", "main", "resolve_config"]
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -62,48 +48,37 @@ def add_node_policy_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-policy", metavar="POLICY.toml", default=None, help=NODE_POLICY_HELP)
 
 
-def apply_node_policy(args: argparse.Namespace) -> Path | None:
-    """Check ``--node-policy`` (ConfigError naming the file and field) and hand it to the simulated
-    nodes, which read it from FEDGAN_NODE_POLICY; returns its absolute path."""
-    from common.privacy.policy import POLICY_ENV, PolicyError, policy_from_file
-
-    if not getattr(args, "node_policy", None):
-        return None
-    path = Path(args.node_policy).resolve()
-    try:
-        policy_from_file(path)
-    except PolicyError as err:
-        raise ConfigError(str(err)) from err
-    os.environ[POLICY_ENV] = str(path)
-    return path
+TRANSPORT_HELP = (
+    "flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly, "
+    "without Flower's runtime (same results, for debugging and benchmarks)"
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fedgan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def _experiment_flags(parser: argparse.ArgumentParser, *, transport: bool = True) -> None:
+    """What every experiment command takes: a TOML file, the simulated nodes' policy, every option."""
+    parser.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
+    if transport:
+        parser.add_argument("--transport", choices=("flower", "inprocess"), default="flower", help=TRANSPORT_HELP)
+    add_node_policy_flag(parser)
+    add_config_flags(parser)
+
+
+def _simulate_parser(sub) -> None:
     sim = sub.add_parser(
         "simulate",
         help="run an experiment as a Flower simulation on this machine",
         description="Run an experiment as a Flower simulation (one SuperNode per client).",
     )
-    sim.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     sim.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its checkpoint "
         "(its config.json is used; only --steps and output options may change)",
     )
-    sim.add_argument(
-        "--transport",
-        choices=("flower", "inprocess"),
-        default="flower",
-        help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp "
-        "directly, without Flower's runtime (same results, for debugging and benchmarks)",
-    )
-    add_node_policy_flag(sim)
-    add_config_flags(sim)
+    _experiment_flags(sim)
+
+
+def _deploy_parser(sub) -> None:
     dep = sub.add_parser(
         "deploy",
         help="run an experiment as a real Flower deployment (SuperLink, one "
@@ -129,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run each SuperNode in its own network namespace, joined by a veth pair (needs root and iproute2)",
     )
-    dep.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     dep.add_argument(
         "--transport",
         dest="dataplane",
@@ -138,23 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="grpc (default): per-step messages over the project's gRPC data plane, Flower as "
         "control plane; flower: every message through Flower's runtime (same as --dataplane)",
     )
-    add_node_policy_flag(dep)
-    add_config_flags(dep)
+    _experiment_flags(dep, transport=False)
+
+
+def _compare_parser(sub) -> None:
     cmp_ = sub.add_parser(
         "compare",
-        help="run gswgan, dpgan and fedavg-gan on the same data and seed; "
-        "comparison.json, a table and a bytes-per-step plot",
+        help="run every method on the same data and seed; comparison.json, a table and a bytes-per-step plot",
         description=__import__("simulations.experiments.compare", fromlist=["x"]).__doc__,
     )
-    cmp_.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
-    cmp_.add_argument(
-        "--transport",
-        choices=("flower", "inprocess"),
-        default="flower",
-        help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly",
-    )
-    add_node_policy_flag(cmp_)
-    add_config_flags(cmp_)
+    _experiment_flags(cmp_)
+
+
+def _evaluate_parser(sub) -> None:
     ev = sub.add_parser(
         "evaluate",
         help="FID, domain FID, IS and downstream utility of a run's generator; "
@@ -187,13 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute the Inception FID (default: the run's eval_inception)",
     )
     ev.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
+
+
+def _debug_task_parser(sub) -> None:
     dbg = sub.add_parser(
         "debug-task",
         help="Augenstein et al.'s debugging task: find clients with inverted "
         "images and show the bug in a private generator trained on them",
         description=(__import__("simulations.experiments.debug_task", fromlist=["x"]).__doc__),
     )
-    dbg.add_argument("--config", metavar="FILE.toml", help="experiment TOML file (keys as the flags below)")
     dbg.add_argument(
         "--threshold",
         type=float,
@@ -212,14 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="generated samples per generator for the bright-sample fraction (default 1000)",
     )
-    dbg.add_argument(
-        "--transport",
-        choices=("flower", "inprocess"),
-        default="flower",
-        help="flower: Flower's simulation runtime (default); inprocess: call the ClientApp directly",
-    )
-    add_node_policy_flag(dbg)
-    add_config_flags(dbg)
+    _experiment_flags(dbg)
+
+
+def _data_parser(sub) -> None:
     data = sub.add_parser("data", help="download data sets or show what is present")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     dl = data_sub.add_parser("download", help="fetch the official files of a data set, checksums verified")
@@ -227,181 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--data-dir", default="", help="destination (default: $FEDGAN_DATA or ./data)")
     info = data_sub.add_parser("info", help="files present, partition sizes and class balance")
     add_config_flags(info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedgan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_simulate_parser, _deploy_parser, _compare_parser, _evaluate_parser, _debug_task_parser, _data_parser):
+        add(sub)
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
-    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    given = {k: v for k, v in vars(args).items() if k in names}
-    if getattr(args, "config", None):
-        return ExperimentConfig.from_toml(args.config, **given)
-    return ExperimentConfig.from_mapping(given, source="command line")
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from common.data import DataError
-    from server.reporting import RunDirectory, RunDirectoryError
-
-    try:
-        apply_node_policy(args)
-        if args.resume:
-            run, cfg = _resume_target(args)
-        else:
-            cfg = prepare(resolve_config(args))
-            run = RunDirectory.create(cfg)
-    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print(f"run directory: {run.path}", flush=True)
-    from .experiments.simulate import simulate
-
-    return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
-
-
-def cmd_deploy(args: argparse.Namespace) -> int:
-    from common.data import DataError
-    from server.reporting import RunDirectoryError, check_new_run_dir
-
-    from .deploy.local import DeployError, check_options, check_tools, deploy_local
-
-    try:
-        check_tools()
-        check_options(tls=args.tls, auth=args.auth, use_netns=args.netns)
-        policy = apply_node_policy(args)
-        from common.config import load_toml_values
-
-        in_toml = bool(args.config) and "dataplane" in load_toml_values(args.config)
-        if "dataplane" not in vars(args) and not in_toml:
-            args.dataplane = "grpc"  # a deployment's default: Flower as control plane only
-        cfg = prepare(resolve_config(args))
-        if cfg.out:  # the ServerApp makes the run directory; fail before starting any process
-            check_new_run_dir(Path(cfg.out))
-    except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns, node_policy=policy)
-    except DeployError as err:
-        print(f"fedgan: deployment failed: {err}", file=sys.stderr)
-        return 1
-
-
-def _resume_target(args: argparse.Namespace):
-    from server.reporting import RunDirectory
-
-    run, cfg = RunDirectory.open_existing(args.resume)
-    run.load_checkpoint()  # fail now, with the path, if there is nothing to resume
-    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    changes = {k: v for k, v in vars(args).items() if k in names}
-    frozen = sorted(set(changes) - RESUMABLE_OVERRIDES)
-    if frozen:
-        raise ConfigError(f"cannot change {', '.join(frozen)} when resuming; the run keeps its config.json")
-    if changes:
-        cfg = cfg.replace(**changes)
-        run.write_json("config.json", cfg.to_dict())
-    return run, cfg
-
-
-def cmd_data(args: argparse.Namespace) -> int:
-    from common.data import DataError
-    from common.data.download import describe, download
-
-    try:
-        if args.data_command == "download":
-            paths = download(args.name, args.data_dir or os.environ.get("FEDGAN_DATA", "data"))
-            for path in paths:
-                print(path)
-            return 0
-        print(describe(resolve_config(args)))
-        return 0
-    except (ConfigError, DataError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from common.data import DataError, check_partition_sizes
-
-    from .experiments.compare import compare, format_comparison
-
-    try:
-        apply_node_policy(args)
-        cfg = resolve_config(args)
-        check_partition_sizes(cfg)
-    except (ConfigError, DataError, ValueError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    result = compare(cfg, transport=args.transport)
-    print(format_comparison(result))
-    return 0 if all("summary" in e for e in result["strategies"]) else 1
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from common.data import DataError
-    from server.reporting import RunDirectoryError
-
-    from .experiments.evaluate import evaluate_run, print_eval
-
-    if args.num_samples is not None and args.num_samples < 10:
-        print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        result = evaluate_run(
-            args.run_dir,
-            num_samples=args.num_samples,
-            fid_samples=args.fid_samples,
-            inception=args.inception,
-            inception_weights=args.inception_weights,
-            progress=args.progress,
-        )
-    except (ConfigError, DataError, RunDirectoryError, FileNotFoundError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print_eval(result)
-    print(f"report: {Path(args.run_dir).resolve() / 'report.html'}")
-    return 0
-
-
-def cmd_debug_task(args: argparse.Namespace) -> int:
-    from common.data import DataError
-
-    from .experiments.debug_task import debug_task, format_result
-
-    try:
-        apply_node_policy(args)
-        if "invert_prob" not in vars(args):
-            args.invert_prob = 0.5  # the task's default: half of the clients have the bug
-        cfg = prepare(resolve_config(args))
-        if not 0 < cfg.invert_prob < 1:
-            raise ConfigError(
-                f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "
-                "some without the bug, choose 0 < p < 1"
-            )
-    except (ConfigError, DataError, ValueError) as err:
-        print(f"fedgan: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    result = debug_task(
-        cfg,
-        threshold=args.threshold,
-        selection_noise=args.selection_noise,
-        transport=args.transport,
-        num_samples=args.num_samples,
-    )
-    print(format_result(result))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import commands
+
     args = build_parser().parse_args(argv)
-    commands = {
-        "simulate": cmd_simulate,
-        "deploy": cmd_deploy,
-        "compare": cmd_compare,
-        "evaluate": cmd_evaluate,
-        "debug-task": cmd_debug_task,
-        "data": cmd_data,
-    }
-    return commands[args.command](args)
+    return commands.COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,8 +19,8 @@ import torch
 
 from common.config import ExperimentConfig
 from common.data import data_root, invert_clients, num_classes_for
-from common.evaluation.classifier import load_or_train_domain_classifier
-from common.evaluation.plots import side_by_side
+from common.evaluation.domain_classifier import load_or_train_domain_classifier
+from common.evaluation.grids import side_by_side
 from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
 from common.methods import core
 from common.models import build_generator, sample_latent

@@ -23,9 +23,9 @@ from common.data import Dataset, data_root, load_dataset, num_classes_for
 from common.evaluation.classifier import (
     extract_features,
     inception_score,
-    load_or_train_domain_classifier,
     predict_proba,
 )
+from common.evaluation.domain_classifier import load_or_train_domain_classifier
 from common.evaluation.fid import FeatureStats, cached_stats, feature_stats, frechet_distance
 from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid, plot_training_curves
 from common.evaluation.report import format_eval_table, write_report

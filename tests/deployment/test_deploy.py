@@ -20,8 +20,9 @@ from google.protobuf import json_format
 from common.config import ExperimentConfig
 from protos import fedgan_pb2 as pb
 from simulations.deploy import netns, pki
-from simulations.deploy.local import LocalDeployment, run_on_deployment
+from simulations.deploy.local import LocalDeployment
 from simulations.deploy.processes import alive, descendants, identity
+from simulations.deploy.run import run_on_deployment
 from tests.helpers import ROOT
 
 BIN = Path(sys.executable).parent

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from common.data import Dataset, load_dataset
-from common.evaluation import classifier
+from common.evaluation import domain_classifier as classifier
 from common.evaluation.classifier import (
     DomainClassifier,
     accuracy,
     as_image_tensor,
     extract_features,
     inception_score,
-    load_or_train_domain_classifier,
     predict_proba,
     train_classifier,
 )
+from common.evaluation.domain_classifier import load_or_train_domain_classifier
 
 # 50 writers x 100 samples: 5000 training and 5000 test images of 10 balanced classes.
 SYNTH = {"synthetic_writers": 50, "synthetic_samples_per_writer": 100}

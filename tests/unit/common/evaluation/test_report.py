@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.evaluation import plots
+from common.evaluation import grids, plots
 from common.evaluation.report import format_eval_table, write_report
 
 DELTA = 1e-5
@@ -206,28 +206,28 @@ def test_format_bytes() -> None:
 # --- sample grids ----------------------------------------------------------------------------------
 def test_sample_grid_from_images(tmp_path: Path) -> None:
     images = np.random.default_rng(0).integers(0, 256, size=(10 * 4, 28, 28), dtype=np.uint8)
-    assert_png(plots.plot_sample_grid(images, tmp_path / "grid.png", rows=10, title="step 30"), min_side=300)
+    assert_png(grids.plot_sample_grid(images, tmp_path / "grid.png", rows=10, title="step 30"), min_side=300)
     floats = images[:, None].astype(np.float32) / 255.0  # [N, 1, H, W] in [0, 1], as G outputs
-    assert_png(plots.plot_sample_grid(floats, tmp_path / "grid_f.png", rows=10))
+    assert_png(grids.plot_sample_grid(floats, tmp_path / "grid_f.png", rows=10))
 
 
 def test_sample_grid_from_tiled_grid(tmp_path: Path) -> None:
-    grid = plots.tile_images(np.full((6, 28, 28), 200, dtype=np.uint8), rows=3)
+    grid = grids.tile_images(np.full((6, 28, 28), 200, dtype=np.uint8), rows=3)
     assert grid.shape == (3 * 30 + 2, 2 * 30 + 2)
-    assert_png(plots.plot_sample_grid(grid, tmp_path / "grid.png", rows=3))
+    assert_png(grids.plot_sample_grid(grid, tmp_path / "grid.png", rows=3))
 
 
 def test_sample_grid_rejects_uneven_rows(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rows"):
-        plots.plot_sample_grid(np.zeros((7, 28, 28), dtype=np.uint8), tmp_path / "g.png", rows=3)
+        grids.plot_sample_grid(np.zeros((7, 28, 28), dtype=np.uint8), tmp_path / "g.png", rows=3)
 
 
 def test_side_by_side(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     left, right = tmp_path / "left.png", tmp_path / "right.png"
-    Image.fromarray(plots.tile_images(rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), rows=10)).save(left)
+    Image.fromarray(grids.tile_images(rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), rows=10)).save(left)
     Image.fromarray(255 - np.asarray(Image.open(left))).save(right)
-    out = plots.side_by_side(left, right, tmp_path / "sbs.png", titles=("suspect clients", "the rest"), rows=10)
+    out = grids.side_by_side(left, right, tmp_path / "sbs.png", titles=("suspect clients", "the rest"), rows=10)
     assert_png(out, min_side=300)
     with Image.open(out) as img:
         assert img.width > img.height  # two grids next to each other

@@ -10,8 +10,8 @@ import torch
 from common.data import load_dataset
 from common.evaluation.classifier import (
     extract_features,
-    load_or_train_domain_classifier,
 )
+from common.evaluation.domain_classifier import load_or_train_domain_classifier
 from common.evaluation.fid import feature_stats, frechet_distance
 
 

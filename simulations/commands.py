@@ -1,0 +1,219 @@
+"""What each ``fedgan`` command does once its flags are parsed (``simulations/cli.py`` parses them).
+
+Every command checks its input before any work and answers bad input with exit code 2 and a message
+naming the field, the file or the path; ``simulate`` and ``deploy`` return the run's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from common.calibration import prepare
+from common.config import ConfigError, ExperimentConfig
+
+EXIT_BAD_INPUT = 2
+RESUMABLE_OVERRIDES = {
+    "steps",
+    "progress",
+    "eval",
+    "log_every",
+    "sample_every",
+    "checkpoint_every",
+    "eval_every",
+    "eval_samples",
+    "eval_fid_samples",
+    "eval_inception",
+    "inception_weights",
+}
+
+
+def apply_node_policy(args: argparse.Namespace) -> Path | None:
+    """Check ``--node-policy`` (ConfigError naming the file and field) and hand it to the simulated
+    nodes, which read it from FEDGAN_NODE_POLICY; returns its absolute path."""
+    from common.privacy.policy import POLICY_ENV, PolicyError, policy_from_file
+
+    if not getattr(args, "node_policy", None):
+        return None
+    path = Path(args.node_policy).resolve()
+    try:
+        policy_from_file(path)
+    except PolicyError as err:
+        raise ConfigError(str(err)) from err
+    os.environ[POLICY_ENV] = str(path)
+    return path
+
+
+def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
+    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    if getattr(args, "config", None):
+        return ExperimentConfig.from_toml(args.config, **given)
+    return ExperimentConfig.from_mapping(given, source="command line")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from server.reporting import RunDirectory, RunDirectoryError
+
+    try:
+        apply_node_policy(args)
+        if args.resume:
+            run, cfg = _resume_target(args)
+        else:
+            cfg = prepare(resolve_config(args))
+            run = RunDirectory.create(cfg)
+    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"run directory: {run.path}", flush=True)
+    from .experiments.simulate import simulate
+
+    return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from server.reporting import RunDirectoryError, check_new_run_dir
+
+    from .deploy.local import DeployError, check_options, check_tools
+    from .deploy.run import deploy_local
+
+    try:
+        check_tools()
+        check_options(tls=args.tls, auth=args.auth, use_netns=args.netns)
+        policy = apply_node_policy(args)
+        from common.config import load_toml_values
+
+        in_toml = bool(args.config) and "dataplane" in load_toml_values(args.config)
+        if "dataplane" not in vars(args) and not in_toml:
+            args.dataplane = "grpc"  # a deployment's default: Flower as control plane only
+        cfg = prepare(resolve_config(args))
+        if cfg.out:  # the ServerApp makes the run directory; fail before starting any process
+            check_new_run_dir(Path(cfg.out))
+    except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns, node_policy=policy)
+    except DeployError as err:
+        print(f"fedgan: deployment failed: {err}", file=sys.stderr)
+        return 1
+
+
+def _resume_target(args: argparse.Namespace):
+    from server.reporting import RunDirectory
+
+    run, cfg = RunDirectory.open_existing(args.resume)
+    run.load_checkpoint()  # fail now, with the path, if there is nothing to resume
+    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    changes = {k: v for k, v in vars(args).items() if k in names}
+    frozen = sorted(set(changes) - RESUMABLE_OVERRIDES)
+    if frozen:
+        raise ConfigError(f"cannot change {', '.join(frozen)} when resuming; the run keeps its config.json")
+    if changes:
+        cfg = cfg.replace(**changes)
+        run.write_json("config.json", cfg.to_dict())
+    return run, cfg
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from common.data.download import describe, download
+
+    try:
+        if args.data_command == "download":
+            paths = download(args.name, args.data_dir or os.environ.get("FEDGAN_DATA", "data"))
+            for path in paths:
+                print(path)
+            return 0
+        print(describe(resolve_config(args)))
+        return 0
+    except (ConfigError, DataError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from common.data import DataError, check_partition_sizes
+
+    from .experiments.compare import compare, format_comparison
+
+    try:
+        apply_node_policy(args)
+        cfg = resolve_config(args)
+        check_partition_sizes(cfg)
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = compare(cfg, transport=args.transport)
+    print(format_comparison(result))
+    return 0 if all("summary" in e for e in result["strategies"]) else 1
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from common.data import DataError
+    from server.reporting import RunDirectoryError
+
+    from .experiments.evaluate import evaluate_run, print_eval
+
+    if args.num_samples is not None and args.num_samples < 10:
+        print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = evaluate_run(
+            args.run_dir,
+            num_samples=args.num_samples,
+            fid_samples=args.fid_samples,
+            inception=args.inception,
+            inception_weights=args.inception_weights,
+            progress=args.progress,
+        )
+    except (ConfigError, DataError, RunDirectoryError, FileNotFoundError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print_eval(result)
+    print(f"report: {Path(args.run_dir).resolve() / 'report.html'}")
+    return 0
+
+
+def cmd_debug_task(args: argparse.Namespace) -> int:
+    from common.data import DataError
+
+    from .experiments.debug_task import debug_task, format_result
+
+    try:
+        apply_node_policy(args)
+        if "invert_prob" not in vars(args):
+            args.invert_prob = 0.5  # the task's default: half of the clients have the bug
+        cfg = prepare(resolve_config(args))
+        if not 0 < cfg.invert_prob < 1:
+            raise ConfigError(
+                f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "
+                "some without the bug, choose 0 < p < 1"
+            )
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = debug_task(
+        cfg,
+        threshold=args.threshold,
+        selection_noise=args.selection_noise,
+        transport=args.transport,
+        num_samples=args.num_samples,
+    )
+    print(format_result(result))
+    return 0
+
+
+COMMANDS = {
+    "simulate": cmd_simulate,
+    "deploy": cmd_deploy,
+    "compare": cmd_compare,
+    "evaluate": cmd_evaluate,
+    "debug-task": cmd_debug_task,
+    "data": cmd_data,
+}
