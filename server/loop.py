@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from common.config import ExperimentConfig
 from common.data import num_classes_for
-from common.metrics import CommCounter
+from common.comm import CommCounter
 
 from .reporting import RunDirectory
 from .session import NodeRefused, Transport, fetch_ledgers, greet

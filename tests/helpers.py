@@ -6,6 +6,8 @@ the tiny model, a handful of samples); tests change what they are about and keep
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common.config import ExperimentConfig
@@ -56,3 +58,16 @@ TINY_FLAGS = [
 def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:
     """The tiny run, with ``changes``; written to ``out``."""
     return ExperimentConfig(**{**TINY, "out": str(out), **changes})
+
+
+def wait_until(condition: Callable[[], object], *, timeout_s: float, what: str, every_s: float = 0.05) -> object:
+    """Poll ``condition`` until it is true (returned) or ``timeout_s`` passes (AssertionError naming
+    ``what``): tests wait for what they need, never a fixed time that a loaded machine can outlast."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(every_s)

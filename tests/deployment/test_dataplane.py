@@ -19,6 +19,7 @@ from server.reporting import RunDirectory
 from server.transport import InProcessTransport
 from simulations.deploy import pki
 from simulations.deploy.processes import alive, identity
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 TINY = dict(
@@ -127,7 +128,7 @@ def test_a_stopped_run_ends_the_exchange(tmp_path):
     transport, control = started(tmp_path, idle_s=1.5)
     control.grid = StoppedGrid()
     try:
-        time.sleep(1.5)
+        wait_until(transport._stopped.is_set, timeout_s=30, what="the keepalive noticing the stopped run")
         with pytest.raises(DataPlaneError, match="stopped"):
             transport.exchange([])
     finally:

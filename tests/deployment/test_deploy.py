@@ -23,7 +23,7 @@ from simulations.deploy import netns, pki
 from simulations.deploy.local import LocalDeployment
 from simulations.deploy.processes import alive, descendants, identity
 from simulations.deploy.run import run_on_deployment
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -206,9 +206,13 @@ def _wait_for_first_step(run_dir: Path, proc: subprocess.Popen) -> int:
 def test_descendants_finds_a_grandchild():
     proc = subprocess.Popen(["bash", "-c", "sleep 30 & wait"], start_new_session=True)
     try:
-        time.sleep(0.5)
-        found = descendants([proc.pid])
-        assert any(Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep") for pid, _ in found)
+
+        def grandchild():
+            return any(
+                Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep") for pid, _ in descendants([proc.pid])
+            )
+
+        wait_until(grandchild, timeout_s=30, what="bash starting its sleep")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

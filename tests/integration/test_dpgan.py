@@ -4,27 +4,14 @@ import json
 
 import pytest
 
-from common.config import ExperimentConfig
 from common.privacy import PrivacyEvent, PrivacyLedger
 from server.reporting import RunDirectory
 from simulations.experiments.simulate import _run_flower, _run_inprocess
+from tests.helpers import tiny_cfg
 
 
 def dpgan_cfg(tmp_path, name="run", **changes):
-    base = dict(
-        strategy="dpgan",
-        num_clients=3,
-        steps=4,
-        model="tiny",
-        synthetic_samples_per_writer=40,
-        dpgan_batch_size=16,
-        dpgan_n_d=3,
-        progress=False,
-        eval=False,
-        out=str(tmp_path / name),
-    )
-    base.update(changes)
-    return ExperimentConfig(**base)
+    return tiny_cfg(tmp_path / name, **{"strategy": "dpgan", "steps": 4, "dpgan_n_d": 3, **changes})
 
 
 @pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])

@@ -4,26 +4,21 @@ import json
 
 import pytest
 
-from common.config import ExperimentConfig
 from server.reporting import RunDirectory
 from simulations.experiments.simulate import _run_flower, _run_inprocess
+from tests.helpers import tiny_cfg
 
 
 @pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])
 def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner):
-    cfg = ExperimentConfig(
+    cfg = tiny_cfg(
+        tmp_path / "run",
         strategy="fedavg-gan",
         num_clients=4,
         fedavg_clients_per_round=3,
         steps=3,
-        model="tiny",
-        batch_size=8,
-        synthetic_samples_per_writer=24,
         local_steps=2,
         server_g_steps=2,
-        progress=False,
-        eval=False,
-        out=str(tmp_path / "run"),
     )
     summary, error = runner(cfg, RunDirectory.create(cfg), False)
     assert error is None, error

@@ -12,27 +12,12 @@ from common.config import ExperimentConfig
 from server.loop import NodeRefused, run_experiment
 from server.reporting import RunDirectory, RunDirectoryError
 from server.transport import InProcessTransport
-from tests.helpers import ALLOW_NONPRIVATE
+from tests.helpers import ALLOW_NONPRIVATE, tiny_cfg
 
 
 def cfg_for(tmp_path, name="run", **changes) -> ExperimentConfig:
-    base = dict(
-        num_clients=3,
-        steps=6,
-        model="tiny",
-        batch_size=8,
-        n_critic=2,
-        synthetic_samples_per_writer=24,
-        log_every=1,
-        sample_every=100,
-        checkpoint_every=100,
-        progress=False,
-        eval=False,
-        sampling_seed=3,
-        out=str(tmp_path / name),
-    )
-    base.update(changes)
-    return ExperimentConfig(**base)
+    base = dict(steps=6, n_critic=2, log_every=1, sample_every=100, checkpoint_every=100, sampling_seed=3)
+    return tiny_cfg(tmp_path / name, **{**base, **changes})
 
 
 def run_inprocess(cfg, *, resume=False, app=client_app, transport=None, prior=None):

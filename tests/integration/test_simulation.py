@@ -13,36 +13,29 @@ from common.config import ExperimentConfig
 from common.privacy import PrivacyEvent, PrivacyLedger
 from server.reporting import RunDirectory
 from simulations.experiments.simulate import _run_flower, _run_inprocess
+from tests.helpers import tiny_cfg
 
 STEPS = 6
 
 
-def tiny_cfg(tmp_path, **changes) -> ExperimentConfig:
+def run_cfg(tmp_path, **changes) -> ExperimentConfig:
+    # Uncompressed: byte counts then depend on the shapes only, so both runtimes match.
     base = dict(
-        num_clients=3,
         steps=STEPS,
-        model="tiny",
-        batch_size=8,
         n_critic=2,
-        synthetic_samples_per_writer=24,
         log_every=1,
         sample_every=3,
         checkpoint_every=2,
-        progress=False,
-        eval=False,
         sampling_seed=7,
-        out=str(tmp_path / "run"),
-        # Uncompressed: byte counts then depend on the shapes only, so both runtimes match.
         wire_compression="none",
     )
-    base.update(changes)
-    return ExperimentConfig(**base)
+    return tiny_cfg(tmp_path / "run", **{**base, **changes})
 
 
 @pytest.fixture(scope="module")
 def flower_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("flower")
-    cfg = tiny_cfg(tmp)
+    cfg = run_cfg(tmp)
     run = RunDirectory.create(cfg)
     summary, error = _run_flower(cfg, run, False)
     assert error is None, error

@@ -209,3 +209,33 @@ def test_the_nodes_budget_holds_whatever_the_server_asks(cfg):
     answers = [answer_query(state, private, _query(private, step), policy) for step in range(30)]
     assert any(a.refused for a in answers) and "budget 40" in next(a.reason for a in answers if a.refused)
     assert state.ledger.epsilon(delta=policy.delta) <= 40.0
+
+
+def test_the_server_applies_the_clients_gradient_straight_through_the_quantization():
+    """Clients differentiate at the dequantized uint8 images q(G(z)); the server applies what they
+    send at G(z) itself, as if q were the identity (its true derivative is zero almost everywhere).
+    G's gradient is exactly d/dθ <G(z), g> / divisor, Adam moves G, and the EMA (the release) follows."""
+    from common.codec import dequantize_samples, quantize_samples
+    from common.methods.gswgan import ServerGenerator
+
+    cfg = ExperimentConfig(model="tiny", batch_size=4, n_critic=1, ema_decay=0.5)
+    server = ServerGenerator(cfg, num_classes=10)
+    fakes, labels, attached = server.query_batches(4, 1)
+    sent = dequantize_samples(quantize_samples(fakes[-4:].numpy()))
+    assert 0 < abs(sent - attached.detach().numpy()).max() <= 0.5 / 255 + 1e-7  # quantized, not equal
+    grad = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    params = list(server.model.parameters())
+    expected = torch.autograd.grad((attached * grad).sum() / 8.0, params, retain_graph=True)
+    before = [p.detach().clone() for p in params]
+    server.apply([attached], [grad], divisor=8.0)
+    for p, want in zip(params, expected, strict=True):
+        torch.testing.assert_close(p.grad, want)
+    assert any(not torch.equal(a, p) for a, p in zip(before, params, strict=True))
+    # The EMA's warm-up takes the first update whole, then blends at the configured decay.
+    for new, live in zip(server.ema.module.parameters(), params, strict=True):
+        torch.testing.assert_close(new, live.detach())
+    ema_before = [p.detach().clone() for p in server.ema.module.parameters()]
+    _, _, attached = server.query_batches(4, 1)
+    server.apply([attached], [grad], divisor=8.0)
+    for old, new, live in zip(ema_before, server.ema.module.parameters(), params, strict=True):
+        torch.testing.assert_close(new, 0.5 * old + 0.5 * live.detach())
