@@ -90,7 +90,7 @@ def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from it."""
     wire.decode(LedgerQuery, message.content)
     node = Node(context)
-    return wire.reply(LedgerReply(client_id=node.client_id, ledger=json.dumps(node.ledger().state_dict())), message)
+    return wire.reply(LedgerReply(ledger=json.dumps(node.ledger().state_dict())), message)
 
 
 @_route(ACCURACY)
@@ -116,9 +116,7 @@ def handle_accuracy(message: Message, context: Context) -> Message:
         )
     if value is not None:
         node.persist(state)
-    reply = AccuracyReply(
-        client_id=state.client_id, accuracy=-1.0 if value is None else value, refused=value is None, reason=reason
-    )
+    reply = AccuracyReply(accuracy=-1.0 if value is None else value, refused=value is None, reason=reason)
     return wire.reply(reply, message)
 
 

@@ -72,19 +72,16 @@ class GsAnswer:
     """Client -> server: the sanitized per-sample gradients of one query, or a refusal.
 
     ``grad`` is in the wire encoding ``grad_encoding`` ("" = a raw array of its own dtype).
-    ``noise_multiplier`` / ``sample_rate`` describe the Gaussian mechanism the client ran (its
-    ledger entry), so the server's mirror of the ledger is driven by what actually ran.
+    ``noise_multiplier`` is the Gaussian mechanism's the client ran (its ledger entry): the server
+    charges the smaller of it and what it asked for. Who answered is the node the reply came from,
+    never a field of the payload.
     """
 
     step: int
-    client_id: int
     refused: bool = False
     reason: str = ""
     grad: np.ndarray | None = None
     noise_multiplier: float = 0.0
-    sample_rate: float = 0.0
-    queries: int = 0
-    epsilon: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
     grad_encoding: str = ""
 
@@ -274,10 +271,8 @@ def validate_answer(answer: GsAnswer, *, batch_size: int, step: int) -> np.ndarr
     if answer.grad is None:
         raise PayloadError("answer carries no 'grad' array")
     grad = decode_grads(answer.grad, answer.grad_encoding, batch_size=batch_size)
-    if not (answer.noise_multiplier >= 0 and 0 < answer.sample_rate <= 1):
-        raise PayloadError(
-            f"invalid privacy event: noise_multiplier={answer.noise_multiplier}, sample_rate={answer.sample_rate}"
-        )
+    if not answer.noise_multiplier >= 0:
+        raise PayloadError(f"invalid privacy event: noise_multiplier={answer.noise_multiplier}")
     return grad
 
 

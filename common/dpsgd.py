@@ -15,7 +15,7 @@ One discriminator step (``DpDiscriminatorTrainer.step``):
 
 Why one forward pass: Opacus' hooks, given two forward passes (real, then fake, as in its DCGAN
 example) and one backward, *add* fake row i into real row i and clip the pair jointly
-(``create_or_accumulate_grad_sample``; pinned in tests/unit/test_dpgan.py). Pairing is
+(``create_or_accumulate_grad_sample``; pinned in tests/unit/common/test_dpsgd.py). Pairing is
 positional, so removing one real example re-pairs all later ones with different fakes; that is
 not Algorithm 1 and its sensitivity argument is less direct. With separate rows, the fake rows'
 clipped sum is a function of G only, so adding or removing one real example changes the noised sum

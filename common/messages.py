@@ -55,8 +55,7 @@ class LedgerQuery:
 
 @dataclass
 class LedgerReply:
-    client_id: int
-    ledger: str  # PrivacyLedger.state_dict() as JSON
+    ledger: str  # PrivacyLedger.state_dict() as JSON (whose it is: the node the reply came from)
 
 
 @dataclass
@@ -87,7 +86,6 @@ class AccuracyQuery:
 
 @dataclass
 class AccuracyReply:
-    client_id: int
     accuracy: float  # -1 when refused
     refused: bool
     reason: str

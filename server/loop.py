@@ -16,9 +16,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from common.comm import CommCounter
 from common.config import ExperimentConfig
 from common.data import num_classes_for
-from common.comm import CommCounter
 
 from .reporting import RunDirectory
 from .session import NodeRefused, Transport, fetch_ledgers, greet

@@ -21,7 +21,6 @@ def handle(message: Message, context: Context) -> Message:
     use_client_threads()
     curator = load_node(node.cfg, node.state_dir, rounds=step)
     reply = DpganReply(
-        client_id=node.client_id,
         step=step,
         refused=False,
         reason="",
@@ -35,7 +34,7 @@ def handle(message: Message, context: Context) -> Message:
         return wire.reply(reply, message)
     stats = run_round(curator, node.cfg)
     save_node(curator, node.state_dir)
-    reply.new_steps, reply.n_d = stats.pop("new_steps"), curator.n_d
+    reply.n_d = curator.n_d
     reply.discriminator_steps, reply.ledger = curator.trainer.steps_taken, json.dumps(curator.ledger.state_dict())
     reply.stats, reply.generator = stats, curator.generator.state_dict()
     return wire.reply(reply, message)

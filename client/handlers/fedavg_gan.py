@@ -41,5 +41,5 @@ def handle(message: Message, context: Context) -> Message:
     state.ledger.record(RAW_DELTA)
     state.version += 1
     node.persist(state)
-    reply = FedAvgReply(client_id=node.client_id, step=round_.step, delta={k: v.contiguous() for k, v in delta.items()})
+    reply = FedAvgReply(step=round_.step, delta={k: v.contiguous() for k, v in delta.items()})
     return wire.reply(reply, message)

@@ -21,13 +21,7 @@ def handle(message: Message, context: Context) -> Message:
     state = node.load_state()
     refusal = node.refusal()
     if refusal:
-        answer = GsAnswer(
-            step=query.step,
-            client_id=state.client_id,
-            refused=True,
-            reason=f"client {state.client_id} refuses: {refusal}",
-            queries=state.ledger.queries,
-        )
+        answer = GsAnswer(step=query.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
     else:
         answer = answer_query(state, node.cfg, query, node.policy)
     if not answer.refused:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from common.calibration import subsampled_noise
+from common.codec import PayloadError
 from common.data import load_client_partition, num_classes_for
 from common.dpsgd import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator
 from common.messages import StateDict, Stats
@@ -84,18 +85,23 @@ class DpganRound:
 class DpganReply:
     """The curator's round: G's weights, the statistics of D on fakes, and its whole ledger; or a refusal."""
 
-    client_id: int
     step: int
     refused: bool
     reason: str
     noise_multiplier: float
     sample_rate: float
-    new_steps: int | None = None
     n_d: int | None = None
     discriminator_steps: int | None = None
     ledger: str | None = None
     stats: Stats = field(default_factory=dict)
     generator: StateDict | None = None
+
+    def decoded(self, *, step: int) -> DpganReply:
+        if self.step != step:
+            raise PayloadError(f"the reply is for round {self.step}, expected round {step}")
+        if not self.refused and (self.generator is None or self.ledger is None or self.n_d is None):
+            raise PayloadError("a round's reply lacks the generator, the ledger or n_D")
+        return self
 
 
 MESSAGES = {MSG_ROUND: (DpganRound, DpganReply)}
@@ -219,7 +225,7 @@ def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tup
 
 
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
-    """n_D DP discriminator steps, one generator step; returns the round's stats and privacy event."""
+    """n_D DP discriminator steps, one generator step; records them in the ledger, returns the statistics."""
     before = node.trainer.steps_taken
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
@@ -238,7 +244,7 @@ def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
     if node.schedule is not None:
         node.n_d = node.schedule.update(stats.get("fake_accuracy", 0.0))
     node.rounds += 1
-    return {"new_steps": new_steps, "g_loss": float(g_loss.detach()), **stats}
+    return {"g_loss": float(g_loss.detach()), **stats}
 
 
 def node_path(state_dir: str | Path) -> Path:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from common.calibration import subsampled_noise
+from common.codec import PayloadError
 from common.dp_fedavg import Delta, flatten_delta
 from common.losses import critic_step
 from common.messages import StateDict
@@ -76,9 +77,13 @@ class FedAvgRound:
 
 @dataclass
 class FedAvgReply:
-    client_id: int
     step: int
     delta: StateDict  # the raw delta of D's floating-point state after the local steps
+
+    def decoded(self, *, step: int) -> FedAvgReply:
+        if self.step != step:
+            raise PayloadError(f"the delta is for round {self.step}, expected round {step}")
+        return self
 
 
 MESSAGES = {MSG_ROUND: (FedAvgRound, FedAvgReply)}

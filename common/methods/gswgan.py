@@ -303,13 +303,9 @@ def answer_query(
     grad, encoding = encode_grads(noisy.numpy(), cfg.wire_dtype, compress=cfg.wire_compression == "deflate")
     return GsAnswer(
         step=query.step,
-        client_id=state.client_id,
         grad=grad,
         grad_encoding=encoding,
         noise_multiplier=ran.noise_multiplier,
-        sample_rate=ran.sample_rate,
-        queries=state.ledger.queries,
-        epsilon=state.ledger.epsilon(delta=cfg.delta),
         # Statistics are computed on private data without noise: they leave only when asked for.
         stats=stats if cfg.client_stats else {},
     )
@@ -318,15 +314,7 @@ def answer_query(
 def _refusal(state: ClientState, cfg: ExperimentConfig, step: int, why: str) -> GsAnswer:
     """A refusal: nothing is released or charged. The reason depends only on the ledger (public
     to the server through the answers it received) and the configurations, never on the data."""
-    reason = f"client {state.client_id} refuses: {why}"
-    return GsAnswer(
-        step=step,
-        client_id=state.client_id,
-        refused=True,
-        reason=reason,
-        queries=state.ledger.queries,
-        epsilon=state.ledger.epsilon(delta=cfg.delta),
-    )
+    return GsAnswer(step=step, refused=True, reason=f"client {state.client_id} refuses: {why}")
 
 
 # --- the server's side --------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class DpganStrategy(Strategy):
                 outcome.notes.append(f"the DPGAN node failed: {reply.error}")
                 continue
             try:
-                answer = wire.decode(DpganReply, reply.content)
+                answer = wire.decode(DpganReply, reply.content, step=step)
             except PayloadError as err:
                 outcome.failed_nodes.append(reply.node_id)
                 outcome.notes.append(f"the DPGAN node sent a malformed reply, ignored: {err}")

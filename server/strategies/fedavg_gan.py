@@ -88,7 +88,7 @@ class FedAvgGanStrategy(Strategy):
         deltas = []
         for reply in replies:
             try:
-                deltas.append(wire.decode(FedAvgReply, reply.content).delta)
+                deltas.append(wire.decode(FedAvgReply, reply.content, step=step).delta)
             except PayloadError as err:
                 outcome.failed_nodes.append(reply.node_id)
                 outcome.notes.append(f"node {reply.node_id} failed: {reply.error or err}")

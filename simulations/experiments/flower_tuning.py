@@ -54,7 +54,7 @@ def prompt_message_delivery() -> Iterator[Callable[[], None]]:
     Replaces ``vce_api.add_messages_to_queue`` (which ``run_api`` looks up when it starts the feeder
     thread) by a wrapper that runs Flower's own feeder with ``_WakeOnPush`` as its stop event, and
     restores it on exit. Yields the function to call after each push (``FlowerTransport(on_pushed=)``).
-    ``tests/unit/test_flower_tuning.py`` fails if a Flower upgrade removes this hook point.
+    ``tests/unit/simulations/test_flower_tuning.py`` fails if a Flower upgrade removes this hook point.
     """
     original = getattr(vce_api, FEEDER_NAME)
     pushed = threading.Event()

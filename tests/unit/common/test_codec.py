@@ -44,16 +44,7 @@ def _query(B=4, n_critic=2, step=3):
 
 def _answer(B=4, step=3, grad=None):
     grad = np.zeros((B, 1, 28, 28), np.float32) if grad is None else grad
-    return GsAnswer(
-        step=step,
-        client_id=2,
-        grad=grad,
-        noise_multiplier=0.2,
-        sample_rate=1.0,
-        queries=5,
-        epsilon=1.5,
-        stats={"wasserstein": 0.1},
-    )
+    return GsAnswer(step=step, grad=grad, noise_multiplier=0.2, stats={"wasserstein": 0.1})
 
 
 def test_query_round_trip():
@@ -67,7 +58,7 @@ def test_query_round_trip():
 def test_answer_round_trip_and_validation_inside_decode():
     a = _answer()
     got = wire.decode(GsAnswer, wire.encode(a))
-    assert (got.client_id, got.queries, got.epsilon, got.stats) == (2, 5, 1.5, {"wasserstein": 0.1})
+    assert (got.step, got.noise_multiplier, got.stats) == (3, 0.2, {"wasserstein": 0.1})
     checked = wire.decode(GsAnswer, wire.encode(a), batch_size=4, step=3)
     assert checked.grad.dtype == np.float32 and checked.grad_encoding == ""
     with pytest.raises(PayloadError, match="step"):
@@ -167,7 +158,7 @@ def test_grad_encodings_are_exactly_the_cast(wire_dtype, compress):
     assert tag.startswith(wire_dtype) and tag.endswith("+deflate") == compress  # noise still deflates a bit
     answer = wire.decode(
         GsAnswer,
-        wire.encode(GsAnswer(step=3, client_id=1, grad=grad, grad_encoding=tag, noise_multiplier=0.2, sample_rate=1.0)),
+        wire.encode(GsAnswer(step=3, grad=grad, grad_encoding=tag, noise_multiplier=0.2)),
     )
     decoded = validate_answer(answer, batch_size=4, step=3)
     np.testing.assert_array_equal(decoded, g.astype(wire_dtype).astype(np.float32))
@@ -244,7 +235,7 @@ def test_lean_payload_bytes_at_the_paper_batch():
         np.random.default_rng(0).normal(size=(B, 1, 28, 28)).astype(np.float32), "float16", compress=False
     )
     down = message_wire_bytes(Message(wire.encode(q), dst_node_id=7, message_type="train.gswgan"))
-    answer = GsAnswer(step=3, client_id=2, grad=g, grad_encoding=gtag, noise_multiplier=0.2, sample_rate=1.0)
+    answer = GsAnswer(step=3, grad=g, grad_encoding=gtag, noise_multiplier=0.2)
     up = message_wire_bytes(Message(wire.encode(answer), dst_node_id=7, message_type="train.gswgan"))
     raw_down, raw_up = (n + 1) * B * 785, B * 784 * 2
     assert raw_down < down.total < raw_down + 2500

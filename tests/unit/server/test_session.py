@@ -35,7 +35,7 @@ class FakeTransport:
     def _answer(self, o):
         cid = o.node_id - NODE
         if o.message_type != "query.hello":
-            return LedgerReply(client_id=cid, ledger="{}")
+            return LedgerReply(ledger="{}")
         queries = None if self.ledger_queries is None else self.ledger_queries.get(cid, 0)
         return HelloReply(client_id=cid, ledger_queries=queries)
 
@@ -58,7 +58,7 @@ class FakeStrategy:
     def absorb_ledgers(self, replies, *, final=True):
         if not final:  # the hello's replies
             return []
-        self.absorbed += [wire.decode(LedgerReply, r.content).client_id for r in replies]
+        self.absorbed += [self.node_client[r.node_id] for r in replies if wire.decode(LedgerReply, r.content)]
         return []
 
 

@@ -43,11 +43,7 @@ def make(strategy: str, tmp_path, **changes):
 
 def gs_answer(step=0, client=0, grad=None, **kw):
     grad = np.ones((B, 1, 28, 28), np.float32) if grad is None else grad
-    return wire.encode(
-        GsAnswer(
-            step=step, client_id=client, grad=grad, noise_multiplier=0.5, sample_rate=1.0, queries=1, epsilon=1.0, **kw
-        )
-    )
+    return wire.encode(GsAnswer(step=step, grad=grad, noise_multiplier=0.5, **kw))
 
 
 def g_params(strategy):
@@ -104,7 +100,7 @@ def test_gswgan_valid_answer_moves_g_and_records_the_event(tmp_path):
         (Incoming(101, gs_answer(grad=np.full((B, 1, 28, 28), np.nan, np.float32))), "failed_nodes", 1),
         (Incoming(101, gs_answer(step=7)), "failed_nodes", 1),
         (
-            Incoming(101, wire.encode(GsAnswer(step=0, client_id=0, refused=True, reason="budget"))),
+            Incoming(101, wire.encode(GsAnswer(step=0, refused=True, reason="budget"))),
             "exhausted_nodes",
             0,
         ),
@@ -131,11 +127,11 @@ def test_gswgan_reports_the_larger_of_the_clients_ledger_and_its_own_record(tmp_
         s.configure_step(step, [101])
         s.aggregate_step(step, [Incoming(101, gs_answer(step=step))])
     lost = PrivacyLedger([PrivacyEvent(noise_multiplier=0.5)])
-    reply = wire.encode(LedgerReply(client_id=0, ledger=json.dumps(lost.state_dict())))
+    reply = wire.encode(LedgerReply(ledger=json.dumps(lost.state_dict())))
     notes = s.absorb_ledgers([Incoming(101, reply)])
     assert s.privacy_report()["clients"][0]["queries"] == 3 and "the larger is reported" in notes[0]
     late = PrivacyLedger([PrivacyEvent(noise_multiplier=0.5, count=5)])
-    s.absorb_ledgers([Incoming(101, wire.encode(LedgerReply(client_id=0, ledger=json.dumps(late.state_dict()))))])
+    s.absorb_ledgers([Incoming(101, wire.encode(LedgerReply(ledger=json.dumps(late.state_dict()))))])
     assert s.privacy_report()["clients"][0]["queries"] == 5
 
 
@@ -169,7 +165,7 @@ def test_fedavg_clips_and_divides_by_the_fixed_number_sampled(tmp_path):
     assert {"generator", "discriminator"} <= set(outs[0].content.array_records)
     d0 = {k: v.clone() for k, v in s.discriminator.state_dict().items()}
     big = {k: torch.full_like(v, 10.0) for k, v in d0.items() if v.is_floating_point()}
-    reply = wire.encode(FedAvgReply(client_id=0, step=0, delta=big))
+    reply = wire.encode(FedAvgReply(step=0, delta=big))
     outcome = s.aggregate_step(0, [Incoming(101, reply), Incoming(102, None, "gone")])
     assert outcome.took_step and outcome.failed_nodes == [102]
     moved = torch.cat([(s.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
@@ -197,13 +193,11 @@ def test_dpgan_takes_the_curators_generator_and_ledger(tmp_path):
     ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5)])
     reply = wire.encode(
         DpganReply(
-            client_id=0,
             step=0,
             refused=False,
             reason="",
             noise_multiplier=1.0,
             sample_rate=0.1,
-            new_steps=5,
             n_d=5,
             discriminator_steps=5,
             ledger=json.dumps(ledger.state_dict()),

@@ -46,9 +46,9 @@ def test_answer_records_exactly_one_event(cfg):
     answer = answer_query(state, cfg, _query(cfg))
     assert not answer.refused
     assert decode_grads(answer.grad, answer.grad_encoding, batch_size=8).shape == (8, 1, 28, 28)
-    assert state.ledger.queries == 1 and answer.queries == 1
+    assert state.ledger.queries == 1
     assert answer.noise_multiplier == pytest.approx(cfg.noise_multiplier / np.sqrt(8))
-    assert answer.epsilon == pytest.approx(state.ledger.epsilon(delta=cfg.delta))
+    assert state.ledger.history[-1].noise_multiplier == answer.noise_multiplier
 
 
 def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
@@ -127,7 +127,7 @@ def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unc
     np.testing.assert_array_equal(g16, g32.astype(np.float16).astype(np.float32))
     assert not np.array_equal(g16, g32)
     assert np.abs(g32).max() > 0.5  # the noise (std 2σC) is in there, not only the clipped gradient
-    assert led16.history == led32.history and a16.epsilon == a32.epsilon
+    assert led16.history == led32.history
     assert a16.noise_multiplier == a32.noise_multiplier
 
 
