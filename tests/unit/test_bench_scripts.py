@@ -1,0 +1,24 @@
+"""Every benchmark under bench/ still loads: a module it imports that was moved or renamed fails here,
+not on the day someone needs the figure (bench/ runs no tests of its own and CI never times it)."""
+
+import importlib.util
+
+import pytest
+
+from tests.helpers import ROOT
+
+SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
+
+
+def test_there_are_benchmarks():
+    assert len(SCRIPTS) >= 5
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_benchmark_loads_and_has_an_entry_point(path, monkeypatch):
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python bench/x.py` would: siblings import
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # runs its imports, not its benchmark (guarded by __main__)
+    if "__main__" in path.read_text():
+        assert callable(getattr(module, "main", None)), f"{path.name}: no main()"
