@@ -31,28 +31,29 @@ TINY = dict(
     progress=False,
     eval=False,
 )
-TINY_FLAGS = [
-    "--transport",
-    "inprocess",
-    "--num-clients",
-    "3",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "40",
-    "--dpgan-batch-size",
-    "16",
-    "--dpgan-n-d",
-    "2",
-    "--fedavg-clients-per-round",
-    "2",
-    "--no-eval",
-    "--no-progress",
-]
+
+
+def flags(**values: object) -> list[str]:
+    """``values`` as the command line spells them: one flag per config field (``add_config_flags``),
+    booleans as ``--x`` / ``--no-x``; a None value leaves its flag out."""
+    out: list[str] = []
+    for name, value in values.items():
+        flag = name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            out += [f"--{flag}", str(value)]
+    return out
+
+
+def tiny_flags(**changes: object) -> list[str]:
+    """The tiny run as flags (in-process), with ``changes``; ``name=None`` drops a flag."""
+    return flags(**{"transport": "inprocess", **TINY, **changes})
+
+
+TINY_FLAGS = tiny_flags()
 
 
 def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from client.app import app
-from common.config import ExperimentConfig
 from server.dataplane import (
     DataPlaneError,
     DataPlaneSettings,
@@ -19,17 +18,12 @@ from server.reporting import RunDirectory
 from server.transport import InProcessTransport
 from simulations.deploy import pki
 from simulations.deploy.processes import alive, identity
-from tests.helpers import wait_until
+from tests.helpers import tiny_cfg, wait_until
 
 pytestmark = pytest.mark.slow
-TINY = dict(
+CHANGES = dict(
     num_clients=2,
-    model="tiny",
-    batch_size=8,
-    n_critic=1,
     synthetic_samples_per_writer=24,
-    progress=False,
-    eval=False,
     sample_every=10**6,
     # deflate's output size depends on the samples, and float sums on thread counts: compare
     # byte counts on fixed-size encodings
@@ -58,7 +52,7 @@ def run_id_of(control: InProcessTransport) -> int:
 
 
 def test_same_bytes_and_ledgers_as_the_flower_path_and_workers_exit_at_the_end(tmp_path):
-    cfg = ExperimentConfig(steps=4, **TINY)
+    cfg = tiny_cfg(steps=4, **CHANGES)
     plain = run_experiment(
         cfg.replace(out=str(tmp_path / "a")),
         RunDirectory.create(cfg.replace(out=str(tmp_path / "a"))),
@@ -196,7 +190,7 @@ def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
     import os
     import signal
 
-    cfg = ExperimentConfig(steps=3, clients_per_step=2, out=str(tmp_path / "run"), **TINY)
+    cfg = tiny_cfg(tmp_path / "run", steps=3, clients_per_step=2, **CHANGES)
     control = control_for(2)
     transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30, reply_timeout_s=30))
     exchange, steps = transport.exchange, []

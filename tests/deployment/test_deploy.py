@@ -23,7 +23,7 @@ from simulations.deploy import netns, pki
 from simulations.deploy.local import LocalDeployment
 from simulations.deploy.processes import alive, descendants, identity
 from simulations.deploy.run import run_on_deployment
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, tiny_flags, wait_until
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -31,24 +31,7 @@ pytestmark = pytest.mark.slow
 # Uncompressed wire: the deployment and the simulation draw different (cryptographic) noise, and only
 # uncompressed messages have sizes that do not depend on the values they carry. The server's client
 # sampling is repeated with the testing flag, so both ask the same clients at the same steps.
-TINY = [
-    "--num-clients",
-    "3",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "24",
-    "--no-eval",
-    "--no-progress",
-    "--wire-compression",
-    "none",
-    "--sampling-seed",
-    "1",
-]
+TINY = tiny_flags(transport=None, synthetic_samples_per_writer=24, wire_compression="none", sampling_seed=1)
 
 
 def fedgan(*args, timeout=600):

@@ -20,52 +20,21 @@ from dp_accounting.rdp import RdpAccountant
 
 from common.privacy.analysis import ORDERS
 from simulations.cli import main
+from tests.helpers import tiny_flags
 
 NR = dpa.NeighboringRelation
-TINY = [
-    "--transport",
-    "inprocess",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "40",
-    "--no-eval",
-    "--no-progress",
-]
 RUNS = {
-    "gswgan": ["--num-clients", "4", "--steps", "10", "--clients-per-step", "2", "--noise-multiplier", "3.0"],
-    "dpgan": [
-        "--strategy",
-        "dpgan",
-        "--num-clients",
-        "3",
-        "--steps",
-        "4",
-        "--dpgan-batch-size",
-        "16",
-        "--dpgan-n-d",
-        "3",
-    ],
-    "fedavg-gan": [
-        "--strategy",
-        "fedavg-gan",
-        "--num-clients",
-        "4",
-        "--steps",
-        "4",
-        "--fedavg-clients-per-round",
-        "2",
-        "--fedavg-noise-multiplier",
-        "1.5",
-        "--local-steps",
-        "1",
-        "--server-g-steps",
-        "1",
-    ],
+    "gswgan": dict(num_clients=4, steps=10, clients_per_step=2, noise_multiplier=3.0),
+    "dpgan": dict(strategy="dpgan", num_clients=3, steps=4, dpgan_batch_size=16, dpgan_n_d=3),
+    "fedavg-gan": dict(
+        strategy="fedavg-gan",
+        num_clients=4,
+        steps=4,
+        fedavg_clients_per_round=2,
+        fedavg_noise_multiplier=1.5,
+        local_steps=1,
+        server_g_steps=1,
+    ),
 }
 
 
@@ -124,9 +93,9 @@ def check(reported: float | None, ledger: dict, delta: float, prv: float | None 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     out = {}
-    for name, args in RUNS.items():
+    for name, changes in RUNS.items():
         path = tmp_path_factory.mktemp(name) / "run"
-        assert main(["simulate", *TINY, *args, "--out", str(path)]) == 0
+        assert main(["simulate", *tiny_flags(**changes, out=path)]) == 0
         out[name] = json.loads((path / "privacy.json").read_text())
     return out
 
@@ -159,25 +128,8 @@ def test_the_debugging_tasks_selection_is_in_both_groups_figures(tmp_path):
     """Selection + GS-WGAN answers in each client's ledger, selection + without-replacement steps in
     each group's server ledger: dp-accounting recomputes both, for members and non-members alike."""
     out = tmp_path / "dbg"
-    assert (
-        main(
-            [
-                "debug-task",
-                *TINY[:-1],
-                "--num-clients",
-                "6",
-                "--steps",
-                "6",
-                "--noise-multiplier",
-                "3.0",
-                "--num-samples",
-                "50",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    args = tiny_flags(num_clients=6, steps=6, noise_multiplier=3.0, out=out)
+    assert main(["debug-task", *args, "--num-samples", "50"]) == 0
     for group in ("suspect", "rest"):
         privacy = json.loads((Path(out) / group / "privacy.json").read_text())
         assert all(c["queries"] >= 1 for c in privacy["clients"])  # everyone's selection release

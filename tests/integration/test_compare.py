@@ -3,39 +3,12 @@
 import json
 
 from simulations.cli import main
+from tests.helpers import tiny_flags
 
 
 def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = main(
-        [
-            "compare",
-            "--transport",
-            "inprocess",
-            "--num-clients",
-            "4",
-            "--steps",
-            "2",
-            "--model",
-            "tiny",
-            "--batch-size",
-            "8",
-            "--n-critic",
-            "1",
-            "--synthetic-samples-per-writer",
-            "40",
-            "--dpgan-batch-size",
-            "16",
-            "--dpgan-n-d",
-            "2",
-            "--fedavg-clients-per-round",
-            "2",
-            "--no-eval",
-            "--no-progress",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(["compare", *tiny_flags(num_clients=4, steps=2, out=out)])
     assert code == 0
     assert "fedavg-gan" in capsys.readouterr().out
     result = json.loads((out / "comparison.json").read_text())
@@ -51,37 +24,7 @@ def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
 
 def test_compare_calibrates_every_strategy_to_one_target(tmp_path):
     out = tmp_path / "cmp"
-    code = main(
-        [
-            "compare",
-            "--transport",
-            "inprocess",
-            "--num-clients",
-            "4",
-            "--steps",
-            "4",
-            "--model",
-            "tiny",
-            "--batch-size",
-            "8",
-            "--n-critic",
-            "1",
-            "--synthetic-samples-per-writer",
-            "40",
-            "--dpgan-batch-size",
-            "16",
-            "--dpgan-n-d",
-            "2",
-            "--fedavg-clients-per-round",
-            "2",
-            "--target-epsilon",
-            "20",
-            "--no-eval",
-            "--no-progress",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(["compare", *tiny_flags(num_clients=4, steps=4, target_epsilon=20, out=out)])
     assert code == 0
     by_name = {e["strategy"]: e["summary"] for e in json.loads((out / "comparison.json").read_text())["strategies"]}
     assert 0 < by_name["gswgan"]["epsilon_max"] <= 20

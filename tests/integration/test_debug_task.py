@@ -5,32 +5,12 @@ import json
 from common.data import invert_clients
 from common.privacy import PrivacyLedger
 from simulations.cli import main
+from tests.helpers import tiny_flags
 
 
 def test_debug_task_selects_inverted_clients_and_accounts_for_the_selection(tmp_path, capsys):
     out = tmp_path / "dbg"
-    args = [
-        "debug-task",
-        "--transport",
-        "inprocess",
-        "--num-clients",
-        "6",
-        "--steps",
-        "6",
-        "--model",
-        "tiny",
-        "--batch-size",
-        "8",
-        "--n-critic",
-        "1",
-        "--synthetic-samples-per-writer",
-        "40",
-        "--no-progress",
-        "--num-samples",
-        "100",
-        "--out",
-        str(out),
-    ]
+    args = ["debug-task", *tiny_flags(num_clients=6, steps=6, eval=None), "--num-samples", "100", "--out", str(out)]
     assert main(args) == 0
     assert "bright samples" in capsys.readouterr().out
     result = json.loads((out / "debug_task.json").read_text())

@@ -7,28 +7,13 @@ import pytest
 from server.reporting import RunDirectoryError
 from simulations.cli import main
 from simulations.experiments.evaluate import evaluate_run
-
-TINY = [
-    "--num-clients",
-    "3",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "40",
-    "--no-progress",
-    "--transport",
-    "inprocess",
-]
+from tests.helpers import tiny_flags
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "run"
-    assert main(["simulate", *TINY, "--steps", "6", "--eval-every", "3", "--no-eval", "--out", str(out)]) == 0
+    assert main(["simulate", *tiny_flags(steps=6, eval_every=3, out=out)]) == 0
     return out
 
 

@@ -8,24 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
-
-FLAGS = [
-    "--num-clients",
-    "3",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "24",
-    "--no-progress",
-    "--no-eval",
-    "--log-every",
-    "1",
-]
+from tests.helpers import ROOT, tiny_flags
 
 
 # Under Flower's runtime Ray's own C-level handler takes SIGTERM (and aborts the process; the last
@@ -38,13 +21,7 @@ def test_signal_then_resume(tmp_path, transport, signum):
         "-m",
         "simulations.cli",
         "simulate",
-        *FLAGS,
-        "--steps",
-        "100000",
-        "--transport",
-        transport,
-        "--out",
-        str(out),
+        *tiny_flags(synthetic_samples_per_writer=24, log_every=1, steps=100000, transport=transport, out=out),
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics.jsonl"

@@ -1,17 +1,16 @@
 """Lean wire end to end (in-process transport, tiny model): CT at B=32, n_critic=5, and privacy unchanged.
 
 CT is summary.json's comm.bytes_per_step.total: serialized Flower message bytes per generator step per
-participating client, down + up, counted by ``client.flower_wire.message_wire_bytes``.
+participating client, down + up, counted by ``protos.wire.message_wire_bytes``.
 """
 
 import pytest
 
 from client.app import app as client_app
-from common.config import ExperimentConfig
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
-from tests.helpers import ALLOW_NONPRIVATE
+from tests.helpers import ALLOW_NONPRIVATE, tiny_cfg
 
 FLOAT32 = dict(wire_samples="float32", wire_dtype="float32", wire_compression="none")
 VARIANTS = {
@@ -27,21 +26,17 @@ def summaries(tmp_path_factory):
     """One 1-step run per variant, same seeds (noise and sampling included: testing flags)."""
     out = {}
     for name, changes in VARIANTS.items():
-        cfg = ExperimentConfig(
+        cfg = tiny_cfg(
+            tmp_path_factory.mktemp(name) / "run",
             num_clients=2,
             steps=1,
-            model="tiny",
             batch_size=32,
             n_critic=5,
-            synthetic_samples_per_writer=40,
-            progress=False,
-            eval=False,
             noise_seed=1,
             sampling_seed=1,
             log_every=1,
             sample_every=100,
             checkpoint_every=100,
-            out=str(tmp_path_factory.mktemp(name) / "run"),
             **changes,
         )
         transport = InProcessTransport(client_app, 2, node_config=ALLOW_NONPRIVATE)

@@ -8,25 +8,9 @@ from pathlib import Path
 import pytest
 
 from simulations.cli import main
+from tests.helpers import tiny_flags
 
-TINY = [
-    "--num-clients",
-    "3",
-    "--steps",
-    "3",
-    "--model",
-    "tiny",
-    "--batch-size",
-    "8",
-    "--n-critic",
-    "1",
-    "--synthetic-samples-per-writer",
-    "24",
-    "--no-progress",
-    "--no-eval",
-    "--transport",
-    "inprocess",
-]
+TINY = tiny_flags(steps=3, synthetic_samples_per_writer=24)
 
 
 def test_bad_values_fail_before_any_work(tmp_path, capsys):
@@ -120,22 +104,7 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
     policy.write_text("min-noise-multiplier = 2.0\n")
     args = [
         "simulate",
-        "--transport",
-        "inprocess",
-        "--num-clients",
-        "2",
-        "--steps",
-        "1",
-        "--model",
-        "tiny",
-        "--batch-size",
-        "8",
-        "--n-critic",
-        "1",
-        "--synthetic-samples-per-writer",
-        "24",
-        "--no-eval",
-        "--no-progress",
+        *tiny_flags(num_clients=2, steps=1, synthetic_samples_per_writer=24),
         "--node-policy",
         str(policy),
     ]

@@ -15,6 +15,7 @@ from PIL import Image
 
 from common.evaluation import grids, plots
 from common.evaluation.report import format_eval_table, write_report
+from tests.helpers import tiny_flags
 
 DELTA = 1e-5
 
@@ -363,31 +364,7 @@ def test_plots_and_report_from_a_tiny_simulation(tmp_path_factory: pytest.TempPa
     from simulations.cli import main
 
     run = tmp_path_factory.mktemp("sim") / "run"
-    main(
-        [
-            "simulate",
-            "--transport",
-            "inprocess",
-            "--steps",
-            "3",
-            "--num-clients",
-            "3",
-            "--model",
-            "tiny",
-            "--batch-size",
-            "8",
-            "--n-critic",
-            "1",
-            "--synthetic-samples-per-writer",
-            "24",
-            "--no-progress",
-            "--log-every",
-            "1",
-            "--no-eval",
-            "--out",
-            str(run),
-        ]
-    )
+    main(["simulate", *tiny_flags(steps=3, synthetic_samples_per_writer=24, log_every=1, out=run)])
     summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     figs = {
@@ -431,38 +408,7 @@ def test_report_labels_each_strategys_guarantee_and_mechanism(
     from simulations.cli import main
 
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "simulate",
-                "--strategy",
-                strategy,
-                "--transport",
-                "inprocess",
-                "--steps",
-                "2",
-                "--num-clients",
-                "3",
-                "--model",
-                "tiny",
-                "--batch-size",
-                "8",
-                "--synthetic-samples-per-writer",
-                "40",
-                "--dpgan-batch-size",
-                "16",
-                "--dpgan-n-d",
-                "1",
-                "--fedavg-clients-per-round",
-                "2",
-                "--no-progress",
-                "--no-eval",
-                "--out",
-                str(run),
-            ]
-        )
-        == 0
-    )
+    assert main(["simulate", *tiny_flags(strategy=strategy, steps=2, dpgan_n_d=1, n_critic=None, out=run)]) == 0
     page = write_report(run, {}, {}).read_text()
     for text in says:
         assert text in page, text
