@@ -92,13 +92,8 @@ _SERVERAPP = """\
       - superlink
 """
 
-_SUPERNODE = """\
-  supernode-{i}:
-    image: flwr/supernode:${{FLWR_VERSION}}
-    # state-dir and data-dir are paths inside clientapp-{i}, where the ClientApp runs;
-    # dataplane-address is where its data-plane worker (also in clientapp-{i}) dials the ServerApp.
-    command:
-      - --insecure
+# What every SuperNode is started with; the TLS overlay restates it (compose replaces a list whole).
+_SUPERNODE_ARGS = """\
       - --superlink
       - superlink:8000
       - --isolation
@@ -109,11 +104,25 @@ _SUPERNODE = """\
       - "{port}"
       - --node-config
       - {node_config}
+"""
+
+_SUPERNODE = (
+    """\
+  supernode-{i}:
+    image: flwr/supernode:${{FLWR_VERSION}}
+    # state-dir and data-dir are paths inside clientapp-{i}, where the ClientApp runs;
+    # dataplane-address is where its data-plane worker (also in clientapp-{i}) dials the ServerApp.
+    command:
+      - --insecure
+"""
+    + _SUPERNODE_ARGS
+    + """\
     init: true
     restart: unless-stopped
     depends_on:
       - superlink
 """
+)
 
 _CLIENTAPP = """\
   clientapp-{i}:
@@ -192,24 +201,19 @@ _TLS_SERVERAPP = """\
       - ${{FEDGAN_CERTS_DIR}}/server.key:{certs}/server.key:ro
 """
 
-_TLS_SUPERNODE = """\
+_TLS_SUPERNODE = (
+    """\
   supernode-{i}:
     command:
       - --root-certificates
       - {certs}/ca.crt
-      - --superlink
-      - superlink:8000
-      - --isolation
-      - process
-      - --host
-      - 0.0.0.0
-      - --port
-      - "{port}"
-      - --node-config
-      - {node_config}
+"""
+    + _SUPERNODE_ARGS
+    + """\
     volumes:
       - ${{FEDGAN_CERTS_DIR}}/ca.crt:{certs}/ca.crt:ro
 """
+)
 
 
 def tls_run_config(dataplane_port: int | str) -> str:
