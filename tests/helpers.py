@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
+from common.codec import GsQuery, samples_per_query
 from common.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +62,18 @@ TINY_FLAGS = tiny_flags()
 def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:
     """The tiny run, with ``changes``; written to ``out``."""
     return ExperimentConfig(**{**TINY, "out": str(out), **changes})
+
+
+def gs_query(cfg: ExperimentConfig, step: int = 0) -> GsQuery:
+    """A GS-WGAN query of random "fake" samples, shaped as ``cfg``'s server would send it."""
+    rng = np.random.default_rng(step)
+    n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
+    return GsQuery(
+        step=step,
+        batch_size=cfg.batch_size,
+        fake=rng.random((n, 1, 28, 28), dtype=np.float32),
+        labels=rng.integers(0, 10, n),
+    )
 
 
 def wait_until(condition: Callable[[], object], *, timeout_s: float, what: str, every_s: float = 0.05) -> object:

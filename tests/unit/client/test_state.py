@@ -6,9 +6,9 @@ import torch
 
 from client import state as client_state
 from common import client_state as common_client_state
-from common.codec import GsQuery, samples_per_query
 from common.config import ExperimentConfig
 from common.methods.gswgan import answer_query
+from tests.helpers import gs_query
 
 
 @pytest.fixture
@@ -25,21 +25,10 @@ def _fresh_cache():
     client_state.clear_cache()
 
 
-def _query(cfg, step=0):
-    rng = np.random.default_rng(step)
-    n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
-    return GsQuery(
-        step=step,
-        batch_size=cfg.batch_size,
-        fake=rng.random((n, 1, 28, 28), dtype=np.float32),
-        labels=rng.integers(0, 10, n),
-    )
-
-
 def _answered(cfg, client_id, tmp_path, steps=1):
     state = client_state.load_state(cfg, client_id, tmp_path, version=0)
     for step in range(steps):
-        answer_query(state, cfg, _query(cfg, step))
+        answer_query(state, cfg, gs_query(cfg, step))
     client_state.save_state(state, tmp_path)
     return state
 
@@ -72,7 +61,7 @@ def test_round_trip_restores_everything(cfg, tmp_path):
     for a, b in zip(state.optimizer.state.values(), loaded.optimizer.state.values(), strict=False):
         assert all(torch.equal(a[k], b[k]) for k in a)
     np.testing.assert_array_equal(
-        answer_query(state, cfg, _query(cfg, 5)).grad, answer_query(loaded, cfg, _query(cfg, 5)).grad
+        answer_query(state, cfg, gs_query(cfg, 5)).grad, answer_query(loaded, cfg, gs_query(cfg, 5)).grad
     )
 
 
@@ -81,7 +70,7 @@ def test_first_contact_is_lazy_and_writes_nothing_until_an_answer(cfg, tmp_path)
     assert not state.warmed_up and state.ledger.queries == 0
     assert not any(tmp_path.iterdir())  # a client that never answered costs no disk
     warm = cfg.replace(warmup_steps=2)
-    answer_query(state, warm, _query(warm))
+    answer_query(state, warm, gs_query(warm))
     client_state.save_state(state, tmp_path)
     client_state.clear_cache()
     assert client_state.load_state(warm, 3, tmp_path, version=1).warmed_up  # warm start runs once

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +27,7 @@ TRAIN = {"epochs": 3, "batch_size": 64, "progress": False}
 TINY = {"synthetic_writers": 6, "synthetic_samples_per_writer": 20, "epochs": 1}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Train single-threaded: on a shared, busy 2-core box two OpenMP threads ran these 10-15x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -22,13 +20,7 @@ SYNTH = {"synthetic_writers": 40, "synthetic_samples_per_writer": 50}  # 2000 tr
 CHANCE_MARGIN = 0.25  # 10 balanced classes: chance is 0.1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Train single-threaded: on a shared, busy 2-core box two OpenMP threads ran these 10-15x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from common.codec import (
     decode_grads,
     encode_samples,
     quantize_samples,
-    samples_per_query,
 )
 from common.config import ExperimentConfig
 from common.methods.gswgan import (
@@ -21,6 +20,7 @@ from common.methods.gswgan import (
     select_critic_fakes,
     warm_start,
 )
+from tests.helpers import gs_query
 
 
 @pytest.fixture
@@ -30,20 +30,9 @@ def cfg():
     )
 
 
-def _query(cfg, step=0):
-    rng = np.random.default_rng(step)
-    n = samples_per_query(cfg.batch_size, cfg.n_critic, cfg.critic_fakes)
-    return GsQuery(
-        step=step,
-        batch_size=cfg.batch_size,
-        fake=rng.random((n, 1, 28, 28), dtype=np.float32),
-        labels=rng.integers(0, 10, n),
-    )
-
-
 def test_answer_records_exactly_one_event(cfg):
     state = client_state.new_state(cfg, 1)
-    answer = answer_query(state, cfg, _query(cfg))
+    answer = answer_query(state, cfg, gs_query(cfg))
     assert not answer.refused
     assert decode_grads(answer.grad, answer.grad_encoding, batch_size=8).shape == (8, 1, 28, 28)
     assert state.ledger.queries == 1
@@ -53,7 +42,7 @@ def test_answer_records_exactly_one_event(cfg):
 
 def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
     state = client_state.new_state(cfg, 0)
-    q = _query(cfg)
+    q = gs_query(cfg)
     q.fake = q.fake[:-1]
     with pytest.raises(PayloadError):
         answer_query(state, cfg, q)
@@ -63,7 +52,7 @@ def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
 def test_budget_refusal_spends_nothing(cfg):
     tight = cfg.replace(client_epsilon_budget=1.0)
     state = client_state.new_state(tight, 0)
-    answer = answer_query(state, tight, _query(tight))
+    answer = answer_query(state, tight, gs_query(tight))
     assert answer.refused and "budget" in answer.reason and answer.grad is None
     assert state.ledger.queries == 0
     assert state.ledger.would_exceed(budget=1.0, delta=cfg.delta, next_event=planned_event(cfg, 8))
@@ -71,7 +60,7 @@ def test_budget_refusal_spends_nothing(cfg):
 
 def test_state_survives_a_new_process_exactly(cfg, tmp_path):
     state = client_state.new_state(cfg, 1)
-    answer_query(state, cfg, _query(cfg, 0))
+    answer_query(state, cfg, gs_query(cfg, 0))
     client_state.save_state(state, tmp_path)
     client_state.clear_cache()  # as if the worker process were new
     loaded = client_state.load_state(cfg, 1, tmp_path, version=state.version)
@@ -81,8 +70,8 @@ def test_state_survives_a_new_process_exactly(cfg, tmp_path):
     ):
         assert torch.equal(a, b)
     # Both continue identically (same data cursor, same seeded noise).
-    a = answer_query(state, cfg, _query(cfg, 1))
-    b = answer_query(loaded, cfg, _query(cfg, 1))
+    a = answer_query(state, cfg, gs_query(cfg, 1))
+    b = answer_query(loaded, cfg, gs_query(cfg, 1))
     np.testing.assert_array_equal(a.grad, b.grad)
 
 
@@ -120,7 +109,7 @@ def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unc
     for dtype in ("float32", "float16"):
         c = cfg.replace(wire_dtype=dtype)
         state = client_state.new_state(c, 1)
-        out[dtype] = (answer_query(state, c, _query(c)), state.ledger)
+        out[dtype] = (answer_query(state, c, gs_query(c)), state.ledger)
     (a32, led32), (a16, led16) = out["float32"], out["float16"]
     assert a32.grad_encoding.startswith("float32") and a16.grad_encoding.startswith("float16")
     g32, g16 = _grads(a32), _grads(a16)
@@ -132,7 +121,7 @@ def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unc
 
 
 def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
-    q = _query(cfg)
+    q = gs_query(cfg)
     levels, tag = encode_samples(q.fake, "uint8", compress=True)
     as_uint8 = GsQuery(step=0, batch_size=8, fake=levels, labels=q.labels, fake_encoding=tag)
     dequantized = GsQuery(step=0, batch_size=8, labels=q.labels, fake=quantize_samples(q.fake).astype(np.float32) / 255)
@@ -142,13 +131,13 @@ def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
 
 
 @pytest.mark.parametrize("mode", ["query", "replay"])
-def test_reused_critic_fakes_need_one_batch_per_query(cfg, mode):
+def test_reused_critic_fakes_need_one_batch_pergs_query(cfg, mode):
     reuse = cfg.replace(critic_fakes=mode, replay_batches=2)
     state = client_state.new_state(reuse, 0)
     with pytest.raises(PayloadError, match="shape"):
-        answer_query(state, reuse, _query(cfg))  # a query with fresh critic batches
+        answer_query(state, reuse, gs_query(cfg))  # a query with fresh critic batches
     for step in range(3):
-        assert not answer_query(state, reuse, _query(reuse, step)).refused
+        assert not answer_query(state, reuse, gs_query(reuse, step)).refused
     assert state.ledger.queries == 3
     assert len(replay_buffer(state, 2)) == (2 if mode == "replay" else 0)
 
@@ -168,9 +157,9 @@ def test_replay_draws_from_the_buffer_and_the_queried_batch(cfg):
 def test_only_the_sanitized_gradient_leaves_a_client_unless_stats_are_asked_for(cfg):
     """Critic statistics come from private data without noise: they must not leave by default."""
     state = client_state.new_state(cfg, 0)
-    assert answer_query(state, cfg, _query(cfg)).stats == {}
+    assert answer_query(state, cfg, gs_query(cfg)).stats == {}
     debug = cfg.replace(client_stats=True)
-    stats = answer_query(client_state.new_state(debug, 0), debug, _query(debug)).stats
+    stats = answer_query(client_state.new_state(debug, 0), debug, gs_query(debug)).stats
     assert {"wasserstein", "grad_norm_mean", "clip_fraction"} <= set(stats)
 
 
@@ -180,22 +169,22 @@ def test_releases_made_with_a_debugging_option_are_recorded_as_not_private(cfg):
     from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 
     state = client_state.new_state(cfg, 0)
-    answer_query(state, cfg, _query(cfg))
+    answer_query(state, cfg, gs_query(cfg))
     assert state.ledger.void_reasons == (VOID_NOISE_SEED,) and state.ledger.epsilon(delta=cfg.delta) == np.inf
     stats_cfg = cfg.replace(noise_seed=-1, client_stats=True)
     stats_state = client_state.new_state(stats_cfg, 0)
-    answer_query(stats_state, stats_cfg, _query(stats_cfg))
+    answer_query(stats_state, stats_cfg, gs_query(stats_cfg))
     assert stats_state.ledger.void_reasons == (VOID_CLIENT_STATS,)
     private = cfg.replace(noise_seed=-1)
     clean = client_state.new_state(private, 0)
-    answer_query(clean, private, _query(private))
+    answer_query(clean, private, gs_query(private))
     assert clean.ledger.void_reasons == () and np.isfinite(clean.ledger.epsilon(delta=cfg.delta))
 
 
 def test_a_query_with_another_batch_size_is_refused(cfg):
     """B sets the noise multiplier σ/√B of the release: only the run's B is answered."""
     state = client_state.new_state(cfg, 0)
-    q = _query(cfg.replace(batch_size=16))
+    q = gs_query(cfg.replace(batch_size=16))
     answer = answer_query(state, cfg, q)
     assert answer.refused and "B = 16" in answer.reason and state.ledger.queries == 0
 
@@ -206,7 +195,7 @@ def test_the_nodes_budget_holds_whatever_the_server_asks(cfg):
     private = cfg.replace(noise_seed=-1)  # the server asks for no budget at all
     state = client_state.new_state(private, 0)
     policy = NodePolicy(max_epsilon=40.0)
-    answers = [answer_query(state, private, _query(private, step), policy) for step in range(30)]
+    answers = [answer_query(state, private, gs_query(private, step), policy) for step in range(30)]
     assert any(a.refused for a in answers) and "budget 40" in next(a.reason for a in answers if a.refused)
     assert state.ledger.epsilon(delta=policy.delta) <= 40.0
 
