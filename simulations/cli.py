@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -83,7 +84,7 @@ def _deploy_parser(sub) -> None:
         "deploy",
         help="run an experiment as a real Flower deployment (SuperLink, one "
         "SuperNode per client, `flwr run`) on this machine",
-        description=__import__("simulations.deploy.local", fromlist=["x"]).__doc__,
+        description=importlib.import_module("simulations.deploy.local").__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     dep.add_argument(
@@ -119,7 +120,7 @@ def _compare_parser(sub) -> None:
     cmp_ = sub.add_parser(
         "compare",
         help="run every method on the same data and seed; comparison.json, a table and a bytes-per-step plot",
-        description=__import__("simulations.experiments.compare", fromlist=["x"]).__doc__,
+        description=importlib.import_module("simulations.experiments.compare").__doc__,
     )
     _experiment_flags(cmp_)
 
@@ -164,7 +165,7 @@ def _debug_task_parser(sub) -> None:
         "debug-task",
         help="Augenstein et al.'s debugging task: find clients with inverted "
         "images and show the bug in a private generator trained on them",
-        description=(__import__("simulations.experiments.debug_task", fromlist=["x"]).__doc__),
+        description=(importlib.import_module("simulations.experiments.debug_task").__doc__),
     )
     dbg.add_argument(
         "--threshold",

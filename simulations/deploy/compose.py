@@ -38,13 +38,8 @@ _HEADER = """\
 # plane needs the TLS overlay (its header gives the run config).
 """
 
-_SUPERLINK = """\
-  superlink:
-    image: flwr/superlink:${FLWR_VERSION}
-    # One HTTP port (8000) carries the Fleet, Control and ServerApp runtime APIs in Flower 1.41.
-    # `--isolation process`: the ServerApp runs in the `serverapp` container, not in here.
-    command:
-      - --insecure
+# What the SuperLink is started with, after its TLS (or --insecure) flags; the TLS overlay restates it.
+_SUPERLINK_ARGS = """\
       - --host
       - 0.0.0.0
       - --port
@@ -52,6 +47,19 @@ _SUPERLINK = """\
       - --isolation
       - process
       - --disable-runtime-dependency-installation
+"""
+
+_SUPERLINK = (
+    """\
+  superlink:
+    image: flwr/superlink:${FLWR_VERSION}
+    # One HTTP port (8000) carries the Fleet, Control and ServerApp runtime APIs in Flower 1.41.
+    # `--isolation process`: the ServerApp runs in the `serverapp` container, not in here.
+    command:
+      - --insecure
+"""
+    + _SUPERLINK_ARGS
+    + """\
     environment:
       FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION: "1"
     ports:
@@ -61,6 +69,7 @@ _SUPERLINK = """\
     init: true
     restart: unless-stopped
 """
+)
 
 _SERVERAPP = """\
   serverapp:
@@ -165,7 +174,8 @@ _TLS_HEADER = """\
 # The workers dial serverapp:DATAPLANE_PORT and verify it with the CA PEM the ServerApp sends them.
 """
 
-_TLS_SUPERLINK = """\
+_TLS_SUPERLINK = (
+    """\
   superlink:
     command:
       - --ssl-ca-certfile
@@ -174,18 +184,15 @@ _TLS_SUPERLINK = """\
       - {certs}/server.pem
       - --ssl-keyfile
       - {certs}/server.key
-      - --host
-      - 0.0.0.0
-      - --port
-      - "8000"
-      - --isolation
-      - process
-      - --disable-runtime-dependency-installation
+"""
+    + _SUPERLINK_ARGS
+    + """\
     volumes:
       - ${{FEDGAN_CERTS_DIR}}/ca.crt:{certs}/ca.crt:ro
       - ${{FEDGAN_CERTS_DIR}}/server.pem:{certs}/server.pem:ro
       - ${{FEDGAN_CERTS_DIR}}/server.key:{certs}/server.key:ro
 """
+)
 
 _TLS_SERVERAPP = """\
   serverapp:
