@@ -195,14 +195,17 @@ def ema_init(model: nn.Module) -> nn.Module:
 def ema_update(ema: nn.Module, model: nn.Module, decay: float, *, step: int | None = None) -> float:
     """``ema <- d * ema + (1 - d) * model`` over parameters; buffers are copied. Returns d used.
 
-    With ``step`` (0-based count of updates so far), ``d = min(decay, 1 - 1/(step + 1))`` so that
-    early averages are not dominated by the random initialization (as the official code does).
+    With ``step`` (0-based count of updates so far), ``d = min(decay, (1 + step) / (10 + step))``
+    (TensorFlow's ``num_updates`` rule): the average forgets the random initialization at once and
+    its horizon grows with the run, about ``10 + step`` iterates, until it reaches ``1/(1-decay)``.
+    The rule ``1 - 1/(step + 1)`` used before made the average *uniform* over every iterate up to
+    step ``1/(1-decay)``, so a 300-step run released the mean of mostly untrained generators.
     Buffers (spectral norm's power-iteration vectors) are copied from ``model``: they track the
     live weights' top singular vectors, which the averaged weights share to first order.
     """
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"EMA decay must lie in [0, 1], got {decay}")
-    d = decay if step is None else min(decay, 1.0 - 1.0 / (step + 1))
+    d = decay if step is None else min(decay, (1.0 + step) / (10.0 + step))
     for p_ema, p in zip(ema.parameters(), model.parameters(), strict=True):
         p_ema.lerp_(p.detach(), 1.0 - d)
     for b_ema, b in zip(ema.buffers(), model.buffers(), strict=True):

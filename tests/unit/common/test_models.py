@@ -200,15 +200,13 @@ def test_ema_update_math() -> None:
         assert torch.equal(b_ema, b)
 
 
-def test_ema_warmup_starts_as_a_copy_then_uses_decay() -> None:
+def test_ema_warmup_forgets_the_start_then_uses_decay() -> None:
     torch.manual_seed(0)
     model = build_generator("tiny")
     tracker = GeneratorEMA(model, decay=0.999)
     _perturb(model)
-    assert tracker.update(model) == 0.0  # step 0: 1 - 1/1 = 0, a plain copy
-    for p_ema, p in zip(tracker.module.parameters(), model.parameters(), strict=False):
-        assert torch.equal(p_ema, p)
-    assert tracker.update(model) == pytest.approx(0.5)  # step 1: 1 - 1/2
+    assert tracker.update(model) == pytest.approx(0.1)  # step 0: (1 + 0) / (10 + 0)
+    assert tracker.update(model) == pytest.approx(2 / 11)
     tracker.num_updates = 10_000
     assert tracker.update(model) == pytest.approx(0.999)
     state = tracker.state_dict()
@@ -217,6 +215,20 @@ def test_ema_warmup_starts_as_a_copy_then_uses_decay() -> None:
     assert other.num_updates == 10_001
     for a, b in zip(other.module.parameters(), tracker.module.parameters(), strict=False):
         assert torch.equal(a, b)
+
+
+def test_ema_of_a_short_run_releases_its_late_iterates() -> None:
+    """300 updates at decay 0.999: the first 100 iterates keep < 0.1% of the weight.
+
+    The earlier rule ``1 - 1/(t+1)`` averaged uniformly up to t = 1,000 and gave them a third.
+    """
+    model = nn.Linear(1, 1, bias=False)
+    tracker = GeneratorEMA(model, decay=0.999)
+    for t in range(300):
+        with torch.no_grad():
+            model.weight.fill_(1.0 if t < 100 else 0.0)
+        tracker.update(model)
+    assert tracker.module.weight.item() < 1e-3
 
 
 def test_ema_without_warmup_and_bad_decay() -> None:
