@@ -1,0 +1,39 @@
+"""``--device`` resolution and the process-wide numerics (CPU only: tests never need a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.device import check_device_name, configure_numerics, resolve_device
+
+
+def test_auto_and_cpu_resolve_to_a_device_that_exists() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_a_gpu_fails_up_front_and_says_what_to_do(name: str) -> None:
+    with pytest.raises(ValueError, match=r"CUDA is not available here .*--device cpu"):
+        resolve_device(name)
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:x", "mps", ""])
+def test_unknown_device_names_are_refused_with_the_choices(name: str) -> None:
+    assert "auto, cpu, cuda" in check_device_name(name)
+    with pytest.raises(ValueError, match="must be one of auto, cpu, cuda or cuda:N"):
+        resolve_device(name)
+
+
+def test_configure_numerics_flushes_denormals() -> None:
+    tiny = torch.tensor([1e-39], dtype=torch.float32)  # subnormal in float32
+    try:
+        torch.set_flush_denormal(False)
+        assert (tiny * 1.0).item() != 0.0
+        configure_numerics()
+        assert (tiny * 1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
