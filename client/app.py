@@ -20,6 +20,7 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from common.config import ExperimentConfig
+from common.device import resolve_device
 from common.messages import (
     ACCURACY,
     DATAPLANE,
@@ -62,7 +63,7 @@ def handle_hello(message: Message, context: Context) -> Message:
         config["data_dir"] = str(context.node_config["data-dir"])
     cid = client_id_of(context)
     cfg = ExperimentConfig.from_mapping(config)
-    refusal = policy_refusal(context, cfg)
+    refusal = policy_refusal(context, cfg) or _device_problem(cfg)
     if refusal:
         if STATE_KEY in context.state:
             del context.state[STATE_KEY]  # no query of this run will be answered
@@ -71,6 +72,15 @@ def handle_hello(message: Message, context: Context) -> Message:
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
     context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir, "version": version})
     return wire.reply(_ledger_summary(cfg, cid, state_dir, version), message)
+
+
+def _device_problem(cfg: ExperimentConfig) -> str:
+    """Why this node cannot train on the run's ``device`` (""): said at the hello, before any release."""
+    try:
+        resolve_device(cfg.device)
+    except ValueError as err:
+        return f"this node cannot run on the requested device: {err}"
+    return ""
 
 
 def _ledger_summary(cfg: ExperimentConfig, cid: int, state_dir: str, version: int) -> HelloReply:

@@ -33,6 +33,7 @@ import torch
 from common.client_state import ClientState, adam_for, new_state
 from common.config import ExperimentConfig
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
+from common.device import resolve_device
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 
@@ -143,7 +144,7 @@ def _first_line(err: Exception) -> str:
 def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
     blob = _read_blob(path, client_id)
     try:
-        disc = _skeleton_copy(cfg)
+        disc = _skeleton_copy(cfg).to(resolve_device(cfg.device))
         disc.load_state_dict(blob["discriminator"])
         optimizer = adam_for(cfg, disc)
         optimizer.load_state_dict(blob["optimizer"])

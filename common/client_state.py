@@ -18,6 +18,7 @@ from common.data import (
     num_classes_for,
     partition_key,
 )
+from common.device import resolve_device
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 
@@ -50,7 +51,7 @@ def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
 def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
     """A fresh client: D initialised from a per-client seed, empty ledger, data cursor seeded."""
     torch.manual_seed(cfg.seed * 1_000_003 + client_id)
-    disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg))
+    disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg)).to(resolve_device(cfg.device))
     images, labels, inverted = client_arrays(cfg, client_id)
     return ClientState(
         client_id=client_id,

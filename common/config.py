@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from common.device import check_device_name
 from common.methods import METHODS, core
 from common.options import ConfigError, check, check_all, check_choice, check_finite, option
 
@@ -69,6 +70,13 @@ class RunOptions:
     # --- models --------------------------------------------------------------------------------
     model: str = option("small", f"model preset, one of {', '.join(MODELS)} (paper: GS-WGAN's networks)")
     z_dim: int = option(10, "latent size (Bernoulli(0.5) entries; the one-hot label is appended)")
+    device: str = option(
+        "auto",
+        "where the networks train and the Inception FID runs: auto (CUDA when a GPU is visible, else "
+        "the CPU), cpu, cuda or cuda:N; each process resolves it for itself (a node without a GPU "
+        "fails at the hello when asked for cuda); the random streams stay on the CPU, so a CUDA run "
+        "differs from a CPU run only by rounding",
+    )
     # --- training and privacy, all methods ----------------------------------------------------
     batch_size: int = option(32, "samples per query B (and real batch size of the critic steps)")
     client_subset: str = option(
@@ -311,6 +319,7 @@ def _validate(c: ExperimentConfig) -> None:
     )
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
+    check(not check_device_name(c.device), "device", c.device, check_device_name(c.device))
     check_all(c, ("z_dim", "dirichlet_alpha", "reply_timeout_s", "dataplane_idle_s"), lambda v: v > 0, "must be > 0")
     check_all(c, ("beta1", "beta2", "ema_decay"), lambda v: 0 <= v < 1, "must be in [0, 1)")
     check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")

@@ -204,7 +204,7 @@ def aggregate_deltas(
     for name, ref in template.items():
         total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
         for c, _ in clipped:
-            total = total + c[name].to(torch.float64)
+            total = total + c[name].to(device=ref.device, dtype=torch.float64)
         if sum_std > 0:
             total = total + _gaussian_like(total, sum_std, generator)
         aggregate[name] = (total / num_sampled).to(ref.dtype)

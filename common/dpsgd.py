@@ -105,7 +105,8 @@ def interpolation_partners(n_real: int, n_fake: int, generator: torch.Generator 
     independent draws each row's (partner, alpha) is its own randomness, independent of the data."""
     if n_fake < 1 and n_real > 0:
         raise ValueError("real rows need at least one fake to be interpolated with")
-    return torch.randint(max(n_fake, 1), (n_real,), generator=generator)
+    device = generator.device if generator is not None else None
+    return torch.randint(max(n_fake, 1), (n_real,), generator=generator, device=device)
 
 
 def wgan_gp_sample_grads(
@@ -212,15 +213,16 @@ class DpDiscriminatorTrainer:
     def _ns_backward(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> Tensor:
         """One forward over real+fake so each example is its own grad_sample row (see module doc)."""
         scores = self.module(torch.cat([real, fake]), torch.cat([real_y, fake_y]))
-        is_real = torch.arange(scores.shape[0]) < real.shape[0]
+        is_real = torch.arange(scores.shape[0], device=scores.device) < real.shape[0]
         # Summed loss, so grad_sample rows are plain per-row gradients; the optimizer divides
         # the noised sum by the fixed 2B ("mean" with expected_batch_size there).
         ns_row_losses(scores, is_real).sum().backward()
         return scores.detach()[real.shape[0] :]
 
     def _wgan_gp_grad_samples(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> Tensor:
-        alpha = torch.rand(real.shape[0], generator=self.generator)
-        partners = interpolation_partners(real.shape[0], fake.shape[0], self.generator)
+        device = self.generator.device if self.generator is not None else real.device
+        alpha = torch.rand(real.shape[0], generator=self.generator, device=device).to(real.device)
+        partners = interpolation_partners(real.shape[0], fake.shape[0], self.generator).to(real.device)
         grads = wgan_gp_sample_grads(
             self.D, real, real_y, fake, fake_y, alpha, partners, gp_weight=self.gp_weight, drift=self.drift
         )

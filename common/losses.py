@@ -38,8 +38,8 @@ def gradient_penalty(
         (real.shape[0],) + (1,) * (real.dim() - 1),
         generator=generator,
         dtype=real.dtype,
-        device=real.device,
-    )
+        device=generator.device if generator is not None else real.device,
+    ).to(real.device)  # a client's data RNG stays on the CPU whatever the device (common/device.py)
     x_hat = (alpha * real.detach() + (1 - alpha) * fake.detach()).requires_grad_(True)
     (grad,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
     return weight * (_per_sample_norm(grad) - 1).pow(2).mean()

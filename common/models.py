@@ -87,6 +87,11 @@ def sample_latent(batch_size: int, z_dim: int, *, generator: torch.Generator | N
     return bits.to(torch.float32)
 
 
+def device_of(module: nn.Module) -> torch.device:
+    """The device of ``module``'s parameters (where its inputs must be)."""
+    return next(module.parameters()).device
+
+
 def count_params(module: nn.Module) -> int:
     """Number of parameter entries (spectral norm's power-iteration vectors are buffers, so they
     are not counted; the official code keeps them as parameters, which adds ~0.6% to its G)."""

@@ -23,7 +23,7 @@ from PIL import Image
 
 from common.config import ExperimentConfig
 from common.evaluation.grids import tile_images
-from common.models import sample_latent
+from common.models import device_of, sample_latent
 
 CHECKPOINT = "checkpoint.pt"
 FAILURE_FILE = "failure.txt"  # why a run started by `flwr run` failed (the ServerApp writes it)
@@ -208,7 +208,8 @@ def sample_grid(
     labels = torch.arange(num_classes).repeat_interleave(per_class)
     was_training = generator.training
     generator.eval()
-    images = generator(sample_latent(len(labels), z_dim, generator=rng), labels)
+    device = device_of(generator)
+    images = generator(sample_latent(len(labels), z_dim, generator=rng).to(device), labels.to(device))
     generator.train(was_training)
-    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
     return tile_images(pixels, rows=num_classes, pad=pad)

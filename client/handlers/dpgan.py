@@ -36,5 +36,6 @@ def handle(message: Message, context: Context) -> Message:
     save_node(curator, node.state_dir)
     reply.n_d = curator.n_d
     reply.discriminator_steps, reply.ledger = curator.trainer.steps_taken, json.dumps(curator.ledger.state_dict())
-    reply.stats, reply.generator = stats, curator.generator.state_dict()
+    reply.stats = stats
+    reply.generator = {k: v.cpu() for k, v in curator.generator.state_dict().items()}
     return wire.reply(reply, message)

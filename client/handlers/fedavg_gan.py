@@ -6,6 +6,7 @@ import torch
 from flwr.app import Context, Message
 
 from common.data import num_classes_for
+from common.device import resolve_device
 from common.methods.fedavg_gan import MSG_ROUND, RAW_DELTA, FedAvgReply, FedAvgRound, client_update
 from protos import wire
 
@@ -37,6 +38,7 @@ def handle(message: Message, context: Context) -> Message:
         gp_weight=cfg.gp_weight,
         drift=cfg.drift,
         generator=torch.Generator().manual_seed(round_.seed),
+        device=resolve_device(cfg.device),
     )
     state.ledger.record(RAW_DELTA)
     state.version += 1

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from common.calibration import subsampled_noise
 from common.codec import PayloadError
 from common.data import load_client_partition, num_classes_for
+from common.device import resolve_device
 from common.dpsgd import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator
 from common.messages import StateDict, Stats
 from common.models import build_generator, sample_latent
@@ -180,13 +181,16 @@ def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 def new_node(cfg: ExperimentConfig) -> DpganNode:
     torch.manual_seed(cfg.seed)
-    images, labels = pooled_data(cfg)
+    device = resolve_device(cfg.device)
+    images, labels = (t.to(device) for t in pooled_data(cfg))
     num_classes = num_classes_for(cfg)
-    noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed)
+    # Opacus draws the noise where the gradients are, so the noise generator lives on the device
+    # (still seeded from the OS CSPRNG); the secret Poisson batches stay on the CPU (``Sampler``).
+    noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed, device=device)
     sample_rate = min(1.0, cfg.dpgan_batch_size / len(labels))
     sigma = cfg.dpgan_noise_multiplier  # already calibrated for --target-epsilon (common/calibration.py)
     trainer = DpDiscriminatorTrainer(
-        build_dpgan_discriminator(cfg.model, num_classes=num_classes),
+        build_dpgan_discriminator(cfg.model, num_classes=num_classes).to(device),
         lr=cfg.dpgan_lr,
         betas=(cfg.beta1, 0.999),
         noise_multiplier=sigma,
@@ -197,7 +201,7 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
         gp_weight=cfg.gp_weight,
         generator=noise,
     )
-    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
+    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     schedule = (
         AdaptiveND(threshold=cfg.dpgan_adaptive_threshold, initial_n_d=cfg.dpgan_n_d) if cfg.dpgan_adaptive else None
     )
@@ -219,9 +223,10 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
 
 
 def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    y = torch.randint(num_classes_for(cfg), (n,), generator=node.rng)
+    device = node.images.device
+    y = torch.randint(num_classes_for(cfg), (n,), generator=node.rng).to(device)
     with torch.set_grad_enabled(grad):
-        return node.generator(sample_latent(n, cfg.z_dim, generator=node.rng), y), y
+        return node.generator(sample_latent(n, cfg.z_dim, generator=node.rng).to(device), y), y
 
 
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
@@ -229,7 +234,7 @@ def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
     before = node.trainer.steps_taken
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
-        idx = node.sampler.poisson(len(node.labels), node.sample_rate)
+        idx = node.sampler.poisson(len(node.labels), node.sample_rate).to(node.images.device)
         fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=False)
         stats = node.trainer.step(node.images[idx], node.labels[idx], fake, fake_y)
     fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=True)

@@ -25,7 +25,7 @@ from common.codec import PayloadError
 from common.dp_fedavg import Delta, flatten_delta
 from common.losses import critic_step
 from common.messages import StateDict
-from common.models import build_discriminator, build_generator, sample_latent
+from common.models import build_discriminator, build_generator, device_of, sample_latent
 from common.options import check_all, option
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_RAW_DELTA
@@ -117,8 +117,9 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 @torch.no_grad()
 def _fakes(G: nn.Module, n: int, *, z_dim: int, num_classes: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """``n`` fakes from the frozen G with uniformly drawn labels."""
-    y = torch.randint(0, num_classes, (n,), generator=generator)
-    return G(sample_latent(n, z_dim, generator=generator), y), y
+    device = device_of(G)
+    y = torch.randint(0, num_classes, (n,), generator=generator).to(device)
+    return G(sample_latent(n, z_dim, generator=generator).to(device), y), y
 
 
 def client_update(
@@ -136,27 +137,30 @@ def client_update(
     gp_weight: float = 10.0,
     drift: float = 1e-3,
     generator: torch.Generator,
+    device: torch.device | str = "cpu",
 ) -> Delta:
     """One client's round: up to ``local_steps`` SGD steps on D, returns its raw D delta.
 
     "Up to": one shuffled pass over the local data, stopping after ``local_steps`` batches (the
     last batch may be smaller), as in Augenstein et al. G is rebuilt from ``G_state`` and used in
     eval mode under ``no_grad``, so it is never changed. The delta covers D's whole state,
-    buffers included (see :func:`flatten_delta`); clipping and noise happen on the server.
+    buffers included (see :func:`flatten_delta`); clipping and noise happen on the server. The
+    networks train on ``device``; ``generator`` (the round's public seed) stays on the CPU and the
+    delta comes back on the CPU, ready for the wire.
     """
     if real_images.shape[0] != real_labels.shape[0] or real_images.shape[0] == 0:
         raise ValueError("real_images and real_labels must be non-empty and equally long")
-    G = build_generator(preset, z_dim=z_dim, num_classes=num_classes)
+    G = build_generator(preset, z_dim=z_dim, num_classes=num_classes).to(device)
     G.load_state_dict(G_state)
     G.eval().requires_grad_(False)
-    D = build_discriminator(preset, num_classes=num_classes)
+    D = build_discriminator(preset, num_classes=num_classes).to(device)
     D.load_state_dict(D_state)
     D.train()
     optimizer = torch.optim.SGD(D.parameters(), lr=lr)
     order = torch.randperm(real_images.shape[0], generator=generator)
     for batch in order.split(batch_size)[:local_steps]:
         fake, fake_y = _fakes(G, len(batch), z_dim=z_dim, num_classes=num_classes, generator=generator)
-        real, real_y = real_images[batch], real_labels[batch]
+        real, real_y = real_images[batch].to(device), real_labels[batch].to(device)
         critic_step(
             D,
             optimizer,
@@ -168,7 +172,7 @@ def client_update(
             drift=drift,
             generator=generator,
         )
-    return flatten_delta(D_state, D.state_dict())
+    return {k: v.cpu() for k, v in flatten_delta(D_state, D.state_dict()).items()}
 
 
 # --- server: generator steps against the updated D ---------------------------------------------
@@ -195,12 +199,13 @@ def server_generator_steps(
     flags = [p.requires_grad for p in D.parameters()]
     D.eval().requires_grad_(False)
     optimizer = torch.optim.SGD(G.parameters(), lr=lr)
+    device = device_of(G)
     G.train()
     losses: list[float] = []
     try:
         for _ in range(steps):
-            y = torch.randint(0, num_classes, (batch_size,), generator=generator)
-            z = sample_latent(batch_size, z_dim, generator=generator)
+            y = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
+            z = sample_latent(batch_size, z_dim, generator=generator).to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = -D(G(z, y), y).mean()
             loss.backward()

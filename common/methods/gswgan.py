@@ -28,8 +28,9 @@ from common.calibration import ledger_epsilon, smallest_noise
 from common.client_state import ClientState
 from common.codec import GsAnswer, GsQuery, encode_grads
 from common.data import num_classes_for
+from common.device import resolve_device
 from common.losses import critic_step, generator_sample_grads
-from common.models import GeneratorEMA, build_generator, sample_latent
+from common.models import GeneratorEMA, build_generator, device_of, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, sanitize_sample_grads
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
@@ -158,7 +159,8 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 def real_batch(state: ClientState, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """B distinct real images of the client's partition, drawn with the client's own cursor."""
     idx = torch.randperm(len(state.data.labels), generator=state.data_rng)[:batch_size]
-    return state.data.images[idx], state.data.labels[idx]
+    device = device_of(state.discriminator)
+    return state.data.images[idx].to(device), state.data.labels[idx].to(device)
 
 
 def critic_steps(
@@ -237,12 +239,13 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     answer is sanitized and accounted like every other.
     """
     num_classes = num_classes_for(cfg)
-    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
+    device = device_of(state.discriminator)
+    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
     B = min(cfg.batch_size, len(state.data.labels))
     for it in range(cfg.warmup_steps):
-        y = torch.randint(num_classes, (B,), generator=state.data_rng)
-        fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng), y)
+        y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
+        fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
         real, real_y = real_batch(state, B)
         critic_step(
             state.discriminator,
@@ -284,7 +287,8 @@ def answer_query(
     if cfg.warmup_steps and not state.warmed_up:
         warm_start(state, cfg)
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.
-    fakes, labels = torch.from_numpy(query.fake), torch.from_numpy(query.labels)
+    device = device_of(state.discriminator)
+    fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)
     stats = critic_steps(state, cfg, *select_critic_fakes(state, cfg, fakes, labels, B), B)
     grads = generator_sample_grads(state.discriminator, fakes[-B:], labels[-B:])
     stats["grad_norm_mean"] = float(grads.flatten(1).norm(dim=1).mean())
@@ -300,7 +304,7 @@ def answer_query(
     state.ledger.record(ran)
     state.version += 1
     # Wire encoding strictly after the noise: the float16 cast and deflate are post-processing.
-    grad, encoding = encode_grads(noisy.numpy(), cfg.wire_dtype, compress=cfg.wire_compression == "deflate")
+    grad, encoding = encode_grads(noisy.cpu().numpy(), cfg.wire_dtype, compress=cfg.wire_compression == "deflate")
     return GsAnswer(
         step=query.step,
         grad=grad,
@@ -325,7 +329,8 @@ class ServerGenerator:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.num_classes = num_classes
-        self.model = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
+        self.device = resolve_device(cfg.device)
+        self.model = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(self.device)
         self.ema = GeneratorEMA(self.model, decay=cfg.ema_decay)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
         self.rng = torch.Generator().manual_seed(cfg.seed)
@@ -335,21 +340,22 @@ class ServerGenerator:
         return torch.randint(self.num_classes, (n,), generator=self.rng)
 
     def sample(self, n: int, labels: torch.Tensor, *, grad: bool) -> torch.Tensor:
-        z = sample_latent(n, self.cfg.z_dim, generator=self.rng)
+        z = sample_latent(n, self.cfg.z_dim, generator=self.rng).to(self.device)
         with torch.set_grad_enabled(grad):
-            return self.model(z, labels)
+            return self.model(z, labels.to(self.device))
 
     def query_batches(self, batch_size: int, n_critic: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(n_critic+1)*B samples for one client: the critic batches without a graph, the last with.
 
         ``n_critic=0`` gives the queried batch only (clients that reuse fakes for their critic steps).
-        Returns (all samples detached, their labels, the last batch still attached to G's graph).
+        Returns (all samples detached on the CPU, their labels, the last batch still attached to
+        G's graph on the device).
         """
         labels = self.draw_labels((n_critic + 1) * batch_size)
         n = n_critic * batch_size
         critic = [self.sample(n, labels[:n], grad=False)] if n_critic else []
         last = self.sample(batch_size, labels[n:], grad=True)
-        return torch.cat([*critic, last.detach()]), labels, last
+        return torch.cat([*critic, last.detach()]).cpu(), labels, last
 
     def apply(self, attached: list[torch.Tensor], grads: list[torch.Tensor], divisor: float) -> None:
         """Backpropagate the clients' sanitized gradients through G, step Adam, update the EMA.
@@ -362,7 +368,7 @@ class ServerGenerator:
         """
         self.optimizer.zero_grad(set_to_none=True)
         for fake, grad in zip(attached, grads, strict=True):
-            fake.backward(grad / divisor)
+            fake.backward(grad.to(fake.device) / divisor)
         self.optimizer.step()
         self.ema.update(self.model)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from common.codec import PayloadError
 from common.config import ExperimentConfig
+from common.device import resolve_device
 from common.messages import LEDGER, LedgerQuery
 from common.methods.dpgan import CURATOR, MSG_ROUND, DpganReply, DpganRound
 from common.models import GeneratorEMA, build_generator
@@ -35,6 +36,7 @@ class DpganStrategy(Strategy):
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
+        self.generator.to(resolve_device(cfg.device))
         self.ema = GeneratorEMA(self.generator, decay=cfg.ema_decay)
         self.records = ClientRecords(cfg.delta)
         self.rounds_done = 0

@@ -20,6 +20,7 @@ from torch import nn
 
 from common.codec import PayloadError
 from common.config import ExperimentConfig
+from common.device import resolve_device
 from common.dp_fedavg import aggregate_deltas, apply_delta, flatten_delta
 from common.messages import LEDGER, LedgerQuery
 from common.methods.fedavg_gan import MSG_ROUND, RAW_DELTA, FedAvgReply, FedAvgRound, server_generator_steps
@@ -47,8 +48,9 @@ class FedAvgGanStrategy(Strategy):
     def __init__(self, cfg: ExperimentConfig, num_classes: int, state_dir: str) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg, self.num_classes = cfg, num_classes
-        self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
-        self.discriminator = build_discriminator(cfg.model, num_classes=num_classes)
+        device = resolve_device(cfg.device)
+        self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
+        self.discriminator = build_discriminator(cfg.model, num_classes=num_classes).to(device)
         self.ema = GeneratorEMA(self.generator, decay=cfg.ema_decay)
         self.rng = torch.Generator().manual_seed(cfg.seed)  # public: latents, labels, clients' data order
         self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
@@ -73,7 +75,7 @@ class FedAvgGanStrategy(Strategy):
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         out = []
-        g_state, d_state = self.generator.state_dict(), self.discriminator.state_dict()
+        g_state, d_state = (_on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
         for node in nodes:
             seed = int(torch.randint(2**31, (1,), generator=self.rng))
             round_ = FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state)
@@ -198,3 +200,8 @@ class FedAvgGanStrategy(Strategy):
         else:  # a checkpoint from before the server's ledger: those rounds without amplification
             z = self.cfg.fedavg_noise_multiplier
             self.server_ledger = PrivacyLedger([PrivacyEvent(z, count=self.rounds_done)] if self.rounds_done else [])
+
+
+def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict ready for the wire (the networks may live on a GPU)."""
+    return {k: v.cpu() for k, v in state.items()}

@@ -20,6 +20,7 @@ import torch
 
 from common.config import ExperimentConfig
 from common.data import Dataset, data_root, load_dataset, num_classes_for
+from common.device import resolve_device
 from common.evaluation.classifier import (
     extract_features,
     inception_score,
@@ -30,7 +31,7 @@ from common.evaluation.fid import FeatureStats, cached_stats, feature_stats, fre
 from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid, plot_training_curves
 from common.evaluation.report import format_eval_table, write_report
 from common.evaluation.utility import gen2real, real2gen
-from common.models import build_generator, sample_latent
+from common.models import build_generator, device_of, sample_latent
 from server.reporting import RunDirectory, RunDirectoryError
 
 EVAL_SEED = 2024
@@ -46,17 +47,22 @@ def load_generator(cfg: ExperimentConfig, state: dict[str, torch.Tensor], source
             f"the generator in {source} does not match config.json (model={cfg.model}, "
             f"z_dim={cfg.z_dim}, {num_classes_for(cfg)} classes): {err}"
         ) from err
-    return gen.eval()
+    return gen.to(resolve_device(cfg.device)).eval()
 
 
 @torch.no_grad()
 def generate(
     gen: torch.nn.Module, num_samples: int, *, num_classes: int, z_dim: int, batch_size: int = 500
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``num_samples`` images with balanced labels, from fixed latents (comparable across runs)."""
+    """``num_samples`` images with balanced labels, from fixed latents (comparable across runs),
+    drawn on the CPU whatever ``gen``'s device; the images come back on the CPU."""
     rng = torch.Generator().manual_seed(EVAL_SEED)
     labels = torch.arange(num_samples) % num_classes
-    chunks = [gen(sample_latent(len(y), z_dim, generator=rng), y) for y in labels.split(batch_size)]
+    device = device_of(gen)
+    chunks = [
+        gen(sample_latent(len(y), z_dim, generator=rng).to(device), y.to(device)).cpu()
+        for y in labels.split(batch_size)
+    ]
     return torch.cat(chunks).clamp(0, 1), labels
 
 
@@ -114,7 +120,7 @@ class Evaluator:
         from common.evaluation.inception import InceptionFeatureExtractor
 
         try:
-            self.inception = InceptionFeatureExtractor(weights)
+            self.inception = InceptionFeatureExtractor(weights, device=resolve_device(self.cfg.device))
         except (FileNotFoundError, ValueError) as err:
             self.inception_note = f"Inception FID not computed: {err}"
             return

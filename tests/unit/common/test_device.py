@@ -29,9 +29,9 @@ def test_unknown_device_names_are_refused_with_the_choices(name: str) -> None:
 
 
 def test_configure_numerics_flushes_denormals() -> None:
-    tiny = torch.tensor([1e-39], dtype=torch.float32)  # subnormal in float32
     try:
         torch.set_flush_denormal(False)
+        tiny = torch.tensor([1e-39], dtype=torch.float32)  # subnormal in float32
         assert (tiny * 1.0).item() != 0.0
         configure_numerics()
         assert (tiny * 1.0).item() == 0.0

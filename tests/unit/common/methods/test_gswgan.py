@@ -220,11 +220,11 @@ def test_the_server_applies_the_clients_gradient_straight_through_the_quantizati
     for p, want in zip(params, expected, strict=True):
         torch.testing.assert_close(p.grad, want)
     assert any(not torch.equal(a, p) for a, p in zip(before, params, strict=True))
-    # The EMA's warm-up takes the first update whole, then blends at the configured decay.
-    for new, live in zip(server.ema.module.parameters(), params, strict=True):
-        torch.testing.assert_close(new, live.detach())
+    # The EMA's warm-up blends the first update at d = 1/10, the second at min(0.5, 2/11).
+    for new, init, live in zip(server.ema.module.parameters(), before, params, strict=True):
+        torch.testing.assert_close(new, 0.1 * init + 0.9 * live.detach())
     ema_before = [p.detach().clone() for p in server.ema.module.parameters()]
     _, _, attached = server.query_batches(4, 1)
     server.apply([attached], [grad], divisor=8.0)
     for old, new, live in zip(ema_before, server.ema.module.parameters(), params, strict=True):
-        torch.testing.assert_close(new, 0.5 * old + 0.5 * live.detach())
+        torch.testing.assert_close(new, (2 / 11) * old + (9 / 11) * live.detach())
