@@ -64,8 +64,11 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 
 
 def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
-    """What every entry point does before any work: check partition sizes against the batch size
-    (reading the data where needed) and apply the --target-epsilon calibration."""
+    """What every entry point does before any work: check that the device exists here, check
+    partition sizes against the batch size (reading the data where needed) and apply the
+    --target-epsilon calibration."""
     from common.data import check_partition_sizes
+    from common.device import resolve_device
 
+    resolve_device(cfg.device)  # ValueError naming the device and what to use instead
     return calibrate(cfg, pooled_size=sum(check_partition_sizes(cfg)))

@@ -37,3 +37,14 @@ def test_configure_numerics_flushes_denormals() -> None:
         assert (tiny * 1.0).item() == 0.0
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
+def test_simulate_asked_for_cuda_without_one_stops_before_the_run_directory(tmp_path, capsys) -> None:
+    from simulations.cli import main
+
+    out = tmp_path / "run"
+    code = main(["simulate", "--transport", "inprocess", "--device", "cuda", "--steps", "1", "--out", str(out)])
+    assert code == 2
+    assert "device 'cuda' asked for, but CUDA is not available here" in capsys.readouterr().err
+    assert not out.exists()
