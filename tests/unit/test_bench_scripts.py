@@ -2,6 +2,7 @@
 not on the day someone needs the figure (bench/ runs no tests of its own and CI never times it)."""
 
 import importlib.util
+import json
 
 import pytest
 
@@ -22,3 +23,19 @@ def test_benchmark_loads_and_has_an_entry_point(path, monkeypatch):
     spec.loader.exec_module(module)  # runs its imports, not its benchmark (guarded by __main__)
     if "__main__" in path.read_text():
         assert callable(getattr(module, "main", None)), f"{path.name}: no main()"
+
+
+def test_gpu_step_runs_the_gswgan_step_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The GPU benchmark is written for a lent GPU but runs anywhere: a tiny CPU run gives a figure."""
+    path = ROOT / "bench" / "gpu_step.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location("bench_gpu_step_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "gpu_step.json"
+    argv = ["--device", "cpu", "--model", "tiny", "--clients", "2", "--steps", "3", "--warmup", "1", "--out", str(out)]
+    assert module.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["steps_timed"] == 3
+    assert result["ms_per_step_median"] > 0
+    assert "ms/step median on" in capsys.readouterr().out
