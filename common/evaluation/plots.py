@@ -349,3 +349,40 @@ def plot_bytes_per_step(runs: list[dict], path: Path) -> Path:
     ax.legend(fontsize=9, loc="upper left")
     ax.grid(axis="y", which="major", alpha=0.3)
     return _save(fig, path)
+
+
+def plot_frontier(rows: list[dict], path: Path, *, metric: str = "fid_domain", title: str = "") -> Path:
+    """The privacy–utility frontier: ``metric`` against ε, one line per strategy.
+
+    ``rows`` are ``{"strategy", "epsilon", "epsilon_unit", metric}``; ε ``None`` with
+    ``"target": inf`` is the run without noise, drawn at the right edge as "∞". The legend names
+    each strategy's ε unit (per-client, example-level, user-level): they are not the same guarantee.
+    """
+    fig, axes = _new_figure(8, 5)
+    ax = axes[0, 0]
+    name, label = METRIC_LABELS.get(metric, (metric, metric))
+    finite = [r["epsilon"] for r in rows if finite_or_none(r.get("epsilon")) is not None]
+    inf_x = max(finite) * 10 if finite else 1.0
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        pts = []
+        for r in rows:
+            value, _ = _metric_value(r.get(metric))
+            if r["strategy"] != strategy or value is None:
+                continue
+            eps = finite_or_none(r.get("epsilon"))
+            if eps is None and r.get("target") != float("inf"):
+                continue
+            pts.append((eps if eps is not None else inf_x, value))
+        if not pts:
+            continue
+        pts.sort()
+        unit = next((r.get("epsilon_unit", "") for r in rows if r["strategy"] == strategy), "")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{strategy} (ε: {unit})")
+    ax.set_xscale("log")
+    ax.set_xlabel("ε at δ = 1e-5 (log scale; rightmost point: no noise, ε = ∞)")
+    ax.set_ylabel(label)
+    ax.set_title(title or f"{name} vs ε", fontsize=11)
+    if finite:
+        ax.axvline(inf_x, color="0.85", linestyle=":")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -236,16 +236,21 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     """Non-private warm start of D_k against a throwaway local generator (GS-WGAN's pretraining).
 
     Costs no privacy: neither D_k nor the throwaway generator is ever released; the first released
-    answer is sanitized and accounted like every other.
+    answer is sanitized and accounted like every other. Runs ``warmup_steps`` critic steps; every
+    ``n_critic`` of them the throwaway generator takes one step and draws the fakes the next
+    ``n_critic`` critic steps reuse (each with a new real batch), as ``critic_fakes=query`` does in
+    the run: one generator forward per generator step instead of one per critic step.
     """
     num_classes = num_classes_for(cfg)
     device = device_of(state.discriminator)
     gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
     B = min(cfg.batch_size, len(state.data.labels))
+    period = max(cfg.n_critic, 1)
     for it in range(cfg.warmup_steps):
-        y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
-        fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
+        if it % period == 0:
+            y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
+            fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
         real, real_y = real_batch(state, B)
         critic_step(
             state.discriminator,
@@ -258,7 +263,7 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
             drift=cfg.drift,
             generator=state.data_rng,
         )
-        if (it + 1) % max(cfg.n_critic, 1) == 0:
+        if (it + 1) % period == 0:
             g_opt.zero_grad(set_to_none=True)
             (-state.discriminator(fake, y).mean()).backward()
             g_opt.step()

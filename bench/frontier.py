@@ -1,0 +1,290 @@
+"""The privacy–utility frontier: every strategy at target ε ∈ {1, 10, 100, ∞}, evaluated one way.
+
+Each point is one ``fedgan simulate`` run (in-process transport; the CLI a user runs) on the same
+partitioned data, calibrated with ``--target-epsilon`` in the strategy's own headline unit:
+
+- gswgan: per-client ε against an untrusted server (what a client's own ledger guarantees);
+- dpgan: example-level ε of the pooled data set (a trusted curator holds every example);
+- fedavg-gan: user-level ε with a trusted server (DP-FedAvg; each client's raw delta reaches it).
+
+∞ is the same run without noise (``--noise-multiplier 0`` and the like, allowed by a node policy
+that permits non-private options). Every run is evaluated by its own end-of-run evaluation: the
+Inception FID at ``--fid-samples`` (TF-FID weights), the domain FID and Inception Score on the
+project classifier, gen2real and real2gen (CNN and MLP). Each point's ε is then **recomputed**
+from the ledgers in its privacy.json (``PrivacyLedger`` from the recorded events, and dp-accounting
+where it is installed) and must match the ε the run printed; a mismatch stops the benchmark.
+
+    python bench/frontier.py [--scale cpu] [--dataset fashion-mnist] [--jobs 2] [--only gswgan]
+
+Writes ``bench/results/frontier-<dataset>-<scale>.{json,md,png}`` and prints one line per point and
+one summary line. ``--scale cpu`` is this project's 2-core machine (small model, ≤ 1 h for the whole
+frontier); ``--scale paper`` is GS-WGAN's networks and step counts for a GPU (``--device cuda``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.evaluation.plots import plot_frontier  # noqa: E402
+from common.privacy import PrivacyLedger  # noqa: E402
+
+TARGETS = (1.0, 10.0, 100.0, math.inf)
+UNITS = {
+    "gswgan": "per-client, untrusted server",
+    "dpgan": "example-level, trusted curator",
+    "fedavg-gan": "user-level, trusted server",
+}
+NO_NOISE = {
+    "gswgan": "--noise-multiplier",
+    "dpgan": "--dpgan-noise-multiplier",
+    "fedavg-gan": "--fedavg-noise-multiplier",
+}
+
+# Per scale: flags every run shares, then each strategy's own (steps mean generator steps for
+# gswgan, rounds for dpgan and fedavg-gan; chosen so the three cost about the same wall time).
+SCALES: dict[str, dict[str, list[str]]] = {
+    "cpu": {
+        "common": ["--model", "small", "--num-clients", "100", "--partition", "iid", "--batch-size", "32"],
+        "gswgan": ["--steps", "1500", "--critic-fakes", "query", "--lr-g", "1e-3", "--lr-d", "1e-3"],
+        "dpgan": ["--steps", "300", "--dpgan-batch-size", "64"],
+        "fedavg-gan": ["--steps", "150", "--fedavg-clients-per-round", "10"],
+    },
+    "paper": {
+        "common": ["--model", "paper", "--num-clients", "1000", "--partition", "iid", "--batch-size", "32"],
+        "gswgan": ["--steps", "20000", "--warmup-steps", "2000"],
+        "dpgan": ["--steps", "4000", "--dpgan-batch-size", "64"],
+        "fedavg-gan": ["--steps", "2000", "--fedavg-clients-per-round", "100"],
+    },
+}
+
+PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
+    {
+        "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
+        "dataset": "Fashion-MNIST",
+        "method": "DP-GAN",
+        "epsilon": "10, example-level, centralized",
+        "fid": 76.9,
+        "gen2real": 0.703,
+    },
+    {
+        "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
+        "dataset": "Fashion-MNIST",
+        "method": "GS-WGAN",
+        "epsilon": "10, example-level, centralized",
+        "fid": 97.2,
+        "gen2real": 0.567,
+    },
+    {
+        "source": "DP-GAN revisited",
+        "dataset": "MNIST",
+        "method": "DP-GAN",
+        "epsilon": "10, example-level, centralized",
+        "fid": 13.0,
+        "gen2real": 0.950,
+    },
+]
+
+
+def run_flags(scale: str, strategy: str, target: float, args: argparse.Namespace, out: Path) -> list[str]:
+    flags = ["simulate", "--transport", "inprocess", "--strategy", strategy, "--dataset", args.dataset]
+    flags += SCALES[scale]["common"] + SCALES[scale][strategy]
+    flags += ["--device", args.device, "--eval-fid-samples", str(args.fid_samples), "--no-progress", "--out", str(out)]
+    if not args.inception:
+        flags.append("--no-eval-inception")
+    if math.isinf(target):
+        flags += [NO_NOISE[strategy], "0", "--node-policy", str(args.policy)]
+    else:
+        flags += ["--target-epsilon", f"{target:g}"]
+    return flags + args.extra
+
+
+def recomputed_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
+    """The headline ε recomputed from privacy.json's ledgers with ``PrivacyLedger`` (RDP)."""
+    delta = privacy["delta"]
+    if strategy == "fedavg-gan":
+        ledgers = [privacy["epsilon_amplified"]["ledger"]]
+    else:
+        ledgers = [c["ledger"] for c in privacy["clients"] if c["queries"]]
+    values = [PrivacyLedger.from_state_dict(ledger).epsilon(delta=delta) for ledger in ledgers]
+    return None if not values or any(v is None for v in values) else max(values)
+
+
+def reported_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
+    if strategy == "fedavg-gan":
+        return privacy["epsilon_amplified"]["epsilon"]
+    values = [c["epsilon"] for c in privacy["clients"] if c["queries"]]
+    return None if not values or any(v is None for v in values) else max(values)
+
+
+def dp_accounting_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
+    """dp-accounting's RDP ε of the same ledgers (None where it is not installed or unbounded)."""
+    try:
+        sys.path.insert(0, str(ROOT / "tests" / "integration"))
+        from test_accounting_crosscheck import independent_rdp  # the test suite's independent recomputation
+    except ImportError:
+        return None
+    ledgers = (
+        [privacy["epsilon_amplified"]["ledger"]]
+        if strategy == "fedavg-gan"
+        else [c["ledger"] for c in privacy["clients"] if c["queries"]]
+    )
+    values = [independent_rdp(ledger, privacy["delta"]) for ledger in ledgers]
+    return None if not values or any(math.isinf(v) for v in values) else max(values)
+
+
+def one_point(scale: str, strategy: str, target: float, args: argparse.Namespace) -> dict[str, Any]:
+    out = args.work / f"{strategy}-eps{target:g}"
+    if out.exists() and (out / "eval.json").exists() and args.reuse:
+        wall = json.loads((out / "summary.json").read_text()).get("wall_time_s")
+    else:
+        if out.exists():
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGAN_CLIENT_THREADS": "1"}
+        cmd = [sys.executable, "-m", "simulations.cli", *run_flags(scale, strategy, target, args, out)]
+        log = args.work / f"{strategy}-eps{target:g}.log"
+        args.work.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with open(log, "w") as fh:
+            code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+        wall = time.perf_counter() - start
+        if code != 0:
+            return {"strategy": strategy, "target": target, "error": f"exit {code}, see {log}"}
+    return point_from_run(strategy, target, out, wall)
+
+
+def point_from_run(strategy: str, target: float, out: Path, wall: float | None) -> dict[str, Any]:
+    privacy = json.loads((out / "privacy.json").read_text())
+    evaluation = json.loads((out / "eval.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    reported, again = reported_epsilon(strategy, privacy), recomputed_epsilon(strategy, privacy)
+    if (reported is None) != (again is None) or (
+        reported is not None and not math.isclose(reported, again, rel_tol=1e-9)
+    ):
+        raise SystemExit(f"{out}: the printed ε {reported} does not recompute from privacy.json ({again})")
+    noise = {"gswgan": "noise_multiplier", "dpgan": "dpgan_noise_multiplier", "fedavg-gan": "fedavg_noise_multiplier"}
+    return {
+        "strategy": strategy,
+        "target": target,
+        "epsilon": reported,
+        "epsilon_recomputed": again,
+        "epsilon_dp_accounting": dp_accounting_epsilon(strategy, privacy),
+        "epsilon_unit": UNITS[strategy],
+        "delta": privacy["delta"],
+        "noise_multiplier": config[noise[strategy]],
+        "steps": config["steps"],
+        "fid": evaluation["fid"]["value"],
+        "fid_samples": evaluation["fid"]["num_samples"],
+        "fid_domain": evaluation["fid_domain"]["value"],
+        "inception_score": evaluation["inception_score"]["mean"],
+        "gen2real_cnn": evaluation["gen2real_acc"]["cnn"]["accuracy"],
+        "gen2real_mlp": evaluation["gen2real_acc"]["mlp"]["accuracy"],
+        "real2gen_cnn": evaluation["real2gen_acc"]["cnn"]["accuracy"],
+        "wall_s": wall,
+        "run_dir": str(out),
+    }
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    def f(v: Any, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| strategy | ε unit | target ε | ε spent (recomputed) | σ | FID (N) | domain FID | IS "
+        "| gen2real CNN / MLP | real2gen CNN | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | |")
+            continue
+        eps = "∞ (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
+        fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
+        lines.append(
+            f"| {r['strategy']} | {r['epsilon_unit']} | {r['target']:g} | {eps} | {r['noise_multiplier']:.3g} | {fid} "
+            f"| {f(r['fid_domain'], '.1f')} | {f(r['inception_score'], '.2f')} "
+            f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} | {r['real2gen_cnn']:.1%} | {f(r['wall_s'], '.0f')} |"
+        )
+    lines += ["", "Published (not comparable as guarantees: example-level, one trusted curator):", ""]
+    lines += ["| source | data | method | ε | FID | gen2real |", "|---|---|---|---|---|---|"]
+    for p in PUBLISHED:
+        lines.append(
+            f"| {p['source']} | {p['dataset']} | {p['method']} | {p['epsilon']} | {p['fid']} | {p['gen2real']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--only", default="", help="comma-separated strategies (default: all three)")
+    parser.add_argument("--targets", default="1,10,100,inf", help="comma-separated target ε (inf: no noise)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--fid-samples", type=int, default=500, help="Inception FID samples N per point")
+    parser.add_argument("--inception", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "frontier", help="run directories")
+    parser.add_argument("--reuse", action="store_true", help="keep finished runs in --work instead of rerunning")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("extra", nargs="*", help="more simulate flags for every run (after --)")
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.policy = args.work / "allow-nonprivate.toml"
+    args.policy.write_text("allow-nonprivate = true\n")
+    strategies = [s for s in (args.only.split(",") if args.only else UNITS) if s]
+    targets = [math.inf if t.strip() == "inf" else float(t) for t in args.targets.split(",")]
+    jobs = [(s, t) for s in strategies for t in targets]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(lambda job: one_point(args.scale, *job, args), jobs))
+    for r in rows:
+        print(json.dumps({k: r.get(k) for k in ("strategy", "target", "epsilon", "fid", "gen2real_cnn", "error")}))
+    stem = f"frontier-{args.dataset}-{args.scale}"
+    command = "python bench/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {
+        "benchmark": "frontier",
+        "scale": args.scale,
+        "dataset": args.dataset,
+        "command": command,
+        "wall_s": time.perf_counter() - start,
+        "flags": SCALES[args.scale],
+        "points": rows,
+        "published": PUBLISHED,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(rows, command.strip()))
+    ok = [r for r in rows if "error" not in r]
+    plot_frontier(
+        ok,
+        args.out / f"{stem}.png",
+        metric="fid" if args.inception else "fid_domain",
+        title=f"{args.dataset}, {args.scale} scale: quality vs ε (each strategy in its own unit)",
+    )
+    best = {
+        s: max((r["gen2real_cnn"] for r in ok if r["strategy"] == s and r["target"] == 10), default=None)
+        for s in strategies
+    }
+    print(
+        f"frontier: {len(ok)}/{len(rows)} points in {result['wall_s']:.0f} s; "
+        f"gen2real at target ε=10: {best} -> {args.out / stem}.*"
+    )
+    return 0 if len(ok) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
