@@ -104,7 +104,7 @@ def run_flags(scale: str, strategy: str, target: float, args: argparse.Namespace
     if not args.inception:
         flags.append("--no-eval-inception")
     if math.isinf(target):
-        flags += [NO_NOISE[strategy], "0", "--node-policy", str(args.policy)]
+        flags += [*NO_NOISE[strategy], "--node-policy", str(args.policy)]
     else:
         flags += ["--target-epsilon", f"{target:g}"]
     return flags + args.extra
@@ -118,7 +118,8 @@ def recomputed_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
     else:
         ledgers = [c["ledger"] for c in privacy["clients"] if c["queries"]]
     values = [PrivacyLedger.from_state_dict(ledger).epsilon(delta=delta) for ledger in ledgers]
-    return None if not values or any(v is None for v in values) else max(values)
+    unbounded = any(v is None or math.isinf(v) for v in values)  # privacy.json writes these as null
+    return None if not values or unbounded else max(values)
 
 
 def reported_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
@@ -188,9 +189,9 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         "fid_samples": evaluation["fid"]["num_samples"],
         "fid_domain": evaluation["fid_domain"]["value"],
         "inception_score": evaluation["inception_score"]["mean"],
-        "gen2real_cnn": evaluation["gen2real_acc"]["cnn"]["accuracy"],
-        "gen2real_mlp": evaluation["gen2real_acc"]["mlp"]["accuracy"],
-        "real2gen_cnn": evaluation["real2gen_acc"]["cnn"]["accuracy"],
+        "gen2real_cnn": evaluation["gen2real_acc"]["cnn"],
+        "gen2real_mlp": evaluation["gen2real_acc"]["mlp"],
+        "real2gen_cnn": evaluation["real2gen_acc"]["cnn"],
         "wall_s": wall,
         "run_dir": str(out),
     }

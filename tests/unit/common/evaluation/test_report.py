@@ -6,6 +6,7 @@ import base64
 import copy
 import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -414,3 +415,25 @@ def test_report_labels_each_strategys_guarantee_and_mechanism(
         assert text in page, text
     for text in never:
         assert text not in page, text
+
+
+# --- the frontier ------------------------------------------------------------------------------------
+FRONTIER_ROWS = [
+    {"strategy": "gswgan", "target": 10.0, "epsilon": 9.99, "epsilon_unit": "per-client", "fid_domain": 300.0},
+    {"strategy": "gswgan", "target": 1.0, "epsilon": 0.98, "epsilon_unit": "per-client", "fid_domain": 900.0},
+    {"strategy": "gswgan", "target": math.inf, "epsilon": None, "epsilon_unit": "per-client", "fid_domain": 80.0},
+    {"strategy": "dpgan", "target": math.inf, "epsilon": 3e9, "epsilon_unit": "example-level", "fid_domain": 60.0},
+    {"strategy": "dpgan", "target": 10.0, "epsilon": 9.9, "epsilon_unit": "example-level", "fid_domain": None},
+]
+
+
+def test_frontier_series_puts_the_noiseless_runs_right_of_every_finite_epsilon() -> None:
+    series, inf_x = plots.frontier_series(FRONTIER_ROWS, "fid_domain")
+    assert inf_x == pytest.approx(99.9)  # 10x the largest finite ε; DPGAN's 3e9 at σ = 1e-6 is an ∞ point
+    assert series["gswgan"] == [(0.98, 900.0), (9.99, 300.0), (pytest.approx(99.9), 80.0)]
+    assert series["dpgan"] == [(pytest.approx(99.9), 60.0)]  # the row without a value is left out
+
+
+@pytest.mark.parametrize("rows", [FRONTIER_ROWS, [], [{"strategy": "x", "target": 1.0, "epsilon": None}]])
+def test_frontier_plot(tmp_path: Path, rows: list[dict]) -> None:
+    assert_png(plots.plot_frontier(rows, tmp_path / "frontier.png"))
