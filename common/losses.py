@@ -55,7 +55,7 @@ def critic_loss(
     gp_weight: float = 10.0,
     drift: float = 1e-3,
     generator: torch.Generator | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """WGAN-GP critic loss (to minimize) and its statistics.
 
     ``fake`` is detached: this loss never reaches the generator. The gradient penalty is taken
@@ -63,8 +63,8 @@ def critic_loss(
     the two coincide there; in GS-WGAN proper the server draws fake labels uniformly, and the
     penalty then constrains ``D(., real_y)`` on the segment from the real sample to a fake one.)
 
-    Stats: ``wasserstein`` (E[D(real)] - E[D(fake)]), ``gp`` (unweighted), ``d_real``,
-    ``d_fake``, ``loss``.
+    Stats (detached 0-dim tensors): ``wasserstein`` (E[D(real)] - E[D(fake)]), ``gp``
+    (unweighted), ``d_real``, ``d_fake``, ``loss``.
     """
     fake = fake.detach()
     # Real and fake in one forward: D treats samples independently, and one call is cheaper
@@ -73,12 +73,13 @@ def critic_loss(
     d_real, d_fake = scores[: real.shape[0]], scores[real.shape[0] :]
     gp = gradient_penalty(D, real, fake, real_y, generator=generator)
     loss = d_fake.mean() - d_real.mean() + gp_weight * gp + drift * d_real.pow(2).mean()
+    # 0-dim tensors, not floats: reading one is a host sync on a GPU, and most steps never do.
     stats = {
-        "wasserstein": float(d_real.detach().mean() - d_fake.detach().mean()),
-        "gp": float(gp.detach()),
-        "d_real": float(d_real.detach().mean()),
-        "d_fake": float(d_fake.detach().mean()),
-        "loss": float(loss.detach()),
+        "wasserstein": d_real.detach().mean() - d_fake.detach().mean(),
+        "gp": gp.detach(),
+        "d_real": d_real.detach().mean(),
+        "d_fake": d_fake.detach().mean(),
+        "loss": loss.detach(),
     }
     return loss, stats
 
@@ -94,7 +95,7 @@ def critic_step(
     gp_weight: float = 10.0,
     drift: float = 1e-3,
     generator: torch.Generator | None = None,
-) -> dict[str, float]:
+) -> dict[str, Tensor]:
     """One optimizer step of D on ``critic_loss``; returns its statistics (before the step)."""
     optimizer.zero_grad(set_to_none=True)
     loss, stats = critic_loss(D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator)

@@ -165,9 +165,9 @@ def real_batch(state: ClientState, batch_size: int) -> tuple[torch.Tensor, torch
 
 def critic_steps(
     state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor, labels: torch.Tensor, batch_size: int
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     """n_critic WGAN-GP steps of D_k, one per fake batch; returns the last step's statistics."""
-    stats: dict[str, float] = {}
+    stats: dict[str, torch.Tensor] = {}
     for i in range(cfg.n_critic):
         sl = slice(i * batch_size, (i + 1) * batch_size)
         real, real_y = real_batch(state, batch_size)
@@ -296,8 +296,6 @@ def answer_query(
     fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)
     stats = critic_steps(state, cfg, *select_critic_fakes(state, cfg, fakes, labels, B), B)
     grads = generator_sample_grads(state.discriminator, fakes[-B:], labels[-B:])
-    stats["grad_norm_mean"] = float(grads.flatten(1).norm(dim=1).mean())
-    stats["clip_fraction"] = float((grads.flatten(1).norm(dim=1) > cfg.clip).float().mean())
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, query.step)
     noisy, ran = sanitize_sample_grads(
         grads,
@@ -315,9 +313,19 @@ def answer_query(
         grad=grad,
         grad_encoding=encoding,
         noise_multiplier=ran.noise_multiplier,
-        # Statistics are computed on private data without noise: they leave only when asked for.
-        stats=stats if cfg.client_stats else {},
+        # Statistics are computed on private data without noise: they leave only when asked for
+        # (and are read off the device only then).
+        stats=_client_stats(stats, grads, cfg.clip) if cfg.client_stats else {},
     )
+
+
+def _client_stats(critic: dict[str, torch.Tensor], grads: torch.Tensor, clip: float) -> dict[str, float]:
+    """The critic's last statistics and the un-noised gradient norms, as floats (client_stats only)."""
+    norms = grads.flatten(1).norm(dim=1)
+    stats = {k: float(v) for k, v in critic.items()}
+    stats["grad_norm_mean"] = float(norms.mean())
+    stats["clip_fraction"] = float((norms > clip).float().mean())
+    return stats
 
 
 def _refusal(state: ClientState, cfg: ExperimentConfig, step: int, why: str) -> GsAnswer:
