@@ -85,10 +85,12 @@ class GsAnswer:
     stats: dict[str, float] = field(default_factory=dict)
     grad_encoding: str = ""
 
-    def decoded(self, *, batch_size: int, step: int) -> GsAnswer:
+    def decoded(self, *, batch_size: int, step: int, coords: int = 0) -> GsAnswer:
         """The answer with its gradients as float32 (None for a refusal), validated against the
-        query it answers (``validate_answer``)."""
-        return dataclasses.replace(self, grad=validate_answer(self, batch_size=batch_size, step=step), grad_encoding="")
+        query it answers (``validate_answer``); ``coords`` > 0: gradients of that many coordinates
+        per sample (``--grad-dct``) instead of pixels."""
+        grad = validate_answer(self, batch_size=batch_size, step=step, coords=coords)
+        return dataclasses.replace(self, grad=grad, grad_encoding="")
 
 
 # --- casts ----------------------------------------------------------------------------------------
@@ -227,11 +229,12 @@ def decode_samples(data: np.ndarray, encoding: str, *, count: int) -> np.ndarray
     return from_wire(array)
 
 
-def decode_grads(data: np.ndarray, encoding: str, *, batch_size: int) -> np.ndarray:
-    """Wire gradients -> float32 (B, 1, 28, 28), validated."""
+def decode_grads(data: np.ndarray, encoding: str, *, batch_size: int, coords: int = 0) -> np.ndarray:
+    """Wire gradients -> float32 (B, 1, 28, 28), or (B, coords) when ``coords`` > 0, validated."""
     if data.nbytes > MAX_ANSWER_BYTES:
         raise PayloadError(f"grad payload of {data.nbytes} bytes exceeds {MAX_ANSWER_BYTES}")
-    array = unpack_array("grad", data, encoding, shape=(batch_size, *IMAGE_SHAPE), allowed=GRAD_ENCODINGS)
+    shape = (batch_size, coords) if coords else (batch_size, *IMAGE_SHAPE)
+    array = unpack_array("grad", data, encoding, shape=shape, allowed=GRAD_ENCODINGS)
     _check_finite("grad", array)
     return from_wire(array)
 
@@ -259,7 +262,7 @@ def validate_query(
     return fakes, decode_labels(query.labels, count=count, num_classes=num_classes)
 
 
-def validate_answer(answer: GsAnswer, *, batch_size: int, step: int) -> np.ndarray | None:
+def validate_answer(answer: GsAnswer, *, batch_size: int, step: int, coords: int = 0) -> np.ndarray | None:
     """Check a client's answer before the server backpropagates it through G.
 
     Returns the decoded float32 gradients (None for a refusal).
@@ -270,7 +273,7 @@ def validate_answer(answer: GsAnswer, *, batch_size: int, step: int) -> np.ndarr
         return None
     if answer.grad is None:
         raise PayloadError("answer carries no 'grad' array")
-    grad = decode_grads(answer.grad, answer.grad_encoding, batch_size=batch_size)
+    grad = decode_grads(answer.grad, answer.grad_encoding, batch_size=batch_size, coords=coords)
     if not answer.noise_multiplier >= 0:
         raise PayloadError(f"invalid privacy event: noise_multiplier={answer.noise_multiplier}")
     return grad

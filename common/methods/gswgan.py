@@ -33,6 +33,7 @@ from common.losses import critic_step, generator_sample_grads
 from common.models import GeneratorEMA, build_generator, device_of, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, sanitize_sample_grads
+from common.privacy.dct import to_coefficients, to_pixels
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.sanitizer import release_noise_source
 
@@ -84,6 +85,13 @@ class Options:
         "batches, kept in memory only); query and replay send one batch per step",
     )
     replay_batches: int = option(5, "critic_fakes=replay: received batches a client keeps for its critic steps")
+    grad_dct: int = option(
+        0,
+        "k > 0: release each per-sample gradient as its k x k lowest 2-D DCT frequencies (a fixed public "
+        "basis) instead of all 28 x 28 pixels, clipped and noised there; the mechanism and its epsilon are "
+        "unchanged, the noise per sample shrinks by 28/k and the uplink by (28/k)^2, detail finer than "
+        "~28/k pixels is lost from the signal; 0: pixels, GS-WGAN as published",
+    )
     client_stats: bool = option(
         False,
         "clients also send their critic statistics (Wasserstein estimate, losses, gradient norms) "
@@ -113,6 +121,7 @@ def validate(c: ExperimentConfig) -> None:
     check(c.clip > 0, "clip", c.clip, "must be > 0")
     check_all(c, ("lr_g", "lr_d"), lambda v: v > 0, "must be > 0")
     check(c.warmup_steps >= 0, "warmup_steps", c.warmup_steps, "must be >= 0")
+    check(0 <= c.grad_dct <= 28, "grad_dct", c.grad_dct, "must be in [0, 28] (0: pixels)")
 
 
 def generator_updates(cfg: ExperimentConfig, steps: int) -> int:
@@ -296,9 +305,10 @@ def answer_query(
     fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)
     stats = critic_steps(state, cfg, *select_critic_fakes(state, cfg, fakes, labels, B), B)
     grads = generator_sample_grads(state.discriminator, fakes[-B:], labels[-B:])
+    released = to_coefficients(grads, cfg.grad_dct) if cfg.grad_dct else grads
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, query.step)
     noisy, ran = sanitize_sample_grads(
-        grads,
+        released,
         clip=cfg.clip,
         noise_multiplier=cfg.noise_multiplier,
         generator=noise,
@@ -378,9 +388,11 @@ class ServerGenerator:
         unquantized ``G(z)``. Rounding has zero derivative almost everywhere, so the chain rule
         through ``q`` would give no signal; we treat ``q`` as the identity in the backward pass and
         apply the returned gradient at ``G(z)``. The error is at most half a level (1/510) per pixel.
+        With ``grad_dct`` the clients sent DCT coefficients; they are lifted back to pixels first.
         """
         self.optimizer.zero_grad(set_to_none=True)
         for fake, grad in zip(attached, grads, strict=True):
+            grad = to_pixels(grad, self.cfg.grad_dct) if self.cfg.grad_dct else grad
             fake.backward(grad.to(fake.device) / divisor)
         self.optimizer.step()
         self.ema.update(self.model)

@@ -145,7 +145,9 @@ class GsWganStrategy(Strategy):
             outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
             return None
         try:
-            answer = wire.decode(GsAnswer, reply.content, batch_size=self.cfg.batch_size, step=step)
+            answer = wire.decode(
+                GsAnswer, reply.content, batch_size=self.cfg.batch_size, step=step, coords=self.cfg.grad_dct**2
+            )
         except PayloadError as err:
             self._charge(reply.node_id, planned)
             outcome.failed_nodes.append(reply.node_id)
