@@ -9,6 +9,7 @@ says how (``calibrate`` in ``common/methods/<name>.py``); the helpers it uses ar
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,12 +31,18 @@ def ledger_epsilon(noise_multiplier: float, sample_rate: float, count: int, delt
 def smallest_noise(
     epsilon_of: Callable[[float], float], target: float, *, low: float = 1e-3, high: float = 1e4, rel: float = 1e-4
 ) -> float:
-    """Smallest noise multiplier whose ε (a decreasing function) is ≤ target, by bisection."""
-    if epsilon_of(high) > target:
-        raise ValueError(f"target ε={target} is out of reach even with noise multiplier {high}")
-    while high - low > rel * high:
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if epsilon_of(mid) <= target else (mid, high)
+    """Smallest noise multiplier whose ε (a decreasing function) is ≤ target, by bisection.
+
+    The search probes tiny noise multipliers whose optimal RDP order is the grid's largest, and
+    Opacus warns about each; those probes only bracket the answer, so the warnings are silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        if epsilon_of(high) > target:
+            raise ValueError(f"target ε={target} is out of reach even with noise multiplier {high}")
+        while high - low > rel * high:
+            mid = math.sqrt(low * high)
+            low, high = (low, mid) if epsilon_of(mid) <= target else (mid, high)
     return high
 
 
