@@ -190,15 +190,24 @@ def gswgan_statement(
     noise_multiplier: float,
     batch_size: int,
     prior: str = "",
+    warmup_steps: int = 0,
+    grad_dct: int = 0,
 ) -> str:
     """GS-WGAN: the per-client headline from the clients' ledgers, the amplified figure from the
     server's record of its sampling. ``prior`` describes releases made before this run that its
-    ledgers include (the debugging task's selection query)."""
+    ledgers include (the debugging task's selection query); ``warmup_steps`` and ``grad_dct`` are
+    the run's options, named because a reader asks whether they cost privacy (they do not)."""
     nm = noise_multiplier / math.sqrt(batch_size)
+    coords = f"as its {grad_dct}x{grad_dct} lowest 2-D DCT coefficients (a fixed public basis), " if grad_dct else ""
     intro = (
         f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Each answered query releases "
-        f"B = {batch_size} noisy per-sample generator gradients (each clipped to norm C, noise std 2σC with "
-        f"σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}."
+        f"B = {batch_size} noisy per-sample generator gradients ({coords}each clipped to norm C, noise std 2σC "
+        f"with σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}."
+    )
+    warm = f", its non-private warm start ({warmup_steps} iterations on its own data)" if warmup_steps else ""
+    unreleased = (
+        f"A client's discriminator{warm} and its critic steps are never released and cost no privacy: "
+        "everything derived from its data reaches the server only through these sanitized answers."
     )
     per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
     amplified = _server_sentence(
@@ -214,7 +223,7 @@ def gswgan_statement(
             " Amplification does not help at this noise level: this bound is above the per-client ε, "
             "which holds with a trusted server too."
         )
-    parts = [intro, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
+    parts = [intro, unreleased, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
     if prior:
         parts.append(prior)
     # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the

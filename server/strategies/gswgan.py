@@ -210,6 +210,8 @@ class GsWganStrategy(Strategy):
                 noise_multiplier=cfg.noise_multiplier,
                 batch_size=cfg.batch_size,
                 prior=self.prior.description,
+                warmup_steps=cfg.warmup_steps,
+                grad_dct=cfg.grad_dct,
             )
         return report
 

@@ -94,3 +94,11 @@ def test_dpgan_and_fedavg_statements_name_their_own_guarantee() -> None:
     text = fedavg_statement(clients, server, delta=DELTA, accountant="rdp", clip=0.1, noise_multiplier=1.0)
     assert "ε is unbounded for 1 of them" in text and "user-level" in text
     assert not text.startswith("NOT PRIVATE")  # raw deltas are the strategy, not a debugging option
+
+
+def test_gswgan_statement_says_the_warm_start_and_the_basis_cost_nothing():
+    text = gswgan_statement(_ledgers({0: 3}), _server(3), **GS, warmup_steps=200, grad_dct=8)
+    assert "8x8 lowest 2-D DCT coefficients" in text
+    assert "non-private warm start (200 iterations on its own data)" in text and "cost no privacy" in text
+    plain = gswgan_statement(_ledgers({0: 3}), _server(3), **GS)
+    assert "DCT" not in plain and "warm start" not in plain and "never released" in plain
