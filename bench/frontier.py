@@ -131,8 +131,8 @@ def run_flags(
         flags += [*NO_NOISE[strategy], "--node-policy", str(args.policy)]
     else:
         flags += ["--target-epsilon", f"{target:g}"]
-    if lever is not None:
-        flags += lever_flags(scale, lever)
+    if strategy == "gswgan":  # the main rows carry every lever; a lever row stops after its own
+        flags += lever_flags(scale, len(LEVERS[scale]) - 1 if lever is None else lever)
     return flags + args.extra
 
 
@@ -303,11 +303,19 @@ def main(argv: list[str] | None = None) -> int:
     strategies = [s for s in (args.only.split(",") if args.only else UNITS) if s]
     targets = [math.inf if t.strip() == "inf" else float(t) for t in args.targets.split(",")]
     jobs = [(s, t, None) for s in strategies for t in targets]
-    if args.levers_at and "gswgan" in strategies:
-        jobs += [("gswgan", args.levers_at, i) for i in range(len(LEVERS[args.scale]))]
+    levers = bool(args.levers_at) and "gswgan" in strategies
+    if levers:  # the last lever row is the main row at that target (run once, added below)
+        jobs += [("gswgan", args.levers_at, i) for i in range(len(LEVERS[args.scale]) - 1)]
+        if args.levers_at not in targets:
+            jobs.append(("gswgan", args.levers_at, None))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(lambda job: one_point(args.scale, job[0], job[1], args, job[2]), jobs))
+    if levers:
+        full = next(r for r in rows if r["strategy"] == "gswgan" and r["target"] == args.levers_at)
+        rows.append({**full, "lever": LEVERS[args.scale][-1][0]})
+        if args.levers_at not in targets:
+            rows.remove(full)
     for r in rows:
         print(json.dumps({k: r.get(k) for k in ("strategy", "target", "epsilon", "fid", "gen2real_cnn", "error")}))
     stem = f"frontier-{args.dataset}-{args.scale}"

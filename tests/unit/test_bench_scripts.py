@@ -39,3 +39,27 @@ def test_gpu_step_runs_the_gswgan_step_on_the_cpu(tmp_path, monkeypatch, capsys)
     assert result["device"] == "cpu" and result["steps_timed"] == 3
     assert result["ms_per_step_median"] > 0
     assert "ms/step median on" in capsys.readouterr().out
+
+
+def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch, capsys):
+    """One tiny GS-WGAN point and one lever row through the real CLI: table, plot and JSON are written,
+    and each point's ε is the one its privacy.json recomputes to (the script stops otherwise)."""
+    path = ROOT / "bench" / "frontier.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location("bench_frontier_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(module.LEVERS, "cpu", module.LEVERS["cpu"][:2])  # two levers: one extra run
+    argv = ["--only", "gswgan", "--targets", "10", "--levers-at", "10", "--no-inception", "--jobs", "1"]
+    argv += ["--dataset", "synthetic", "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    argv += ["--", "--model", "tiny", "--steps", "3", "--num-clients", "4", "--eval-samples", "100"]
+    assert module.main(argv) == 0
+    result = json.loads((tmp_path / "out" / "frontier-synthetic-cpu.json").read_text())
+    main, *levers = result["points"]
+    assert main["strategy"] == "gswgan" and main["epsilon"] == pytest.approx(10, rel=1e-3)
+    assert main["epsilon_recomputed"] == main["epsilon"]
+    assert [row["lever"] for row in levers] == ["as published", module.LEVERS["cpu"][1][0]]
+    assert levers[-1]["run_dir"] == main["run_dir"]  # the last lever row is the main row, run once
+    table = (tmp_path / "out" / "frontier-synthetic-cpu.md").read_text()
+    assert "per-client, untrusted server" in table and "as published" in table
+    assert (tmp_path / "out" / "frontier-synthetic-cpu.png").stat().st_size > 1000
