@@ -279,3 +279,20 @@ def fedavg_statement(
 def _assemble(ledgers: list[PrivacyLedger], parts: list[str], worst: float | None) -> str:
     notice = not_private_notice(not_private_reasons(ledgers))
     return notice + " ".join(parts) + _weak(worst)
+
+
+def epsilon_meaning(epsilon: float | None, *, delta: float) -> str:
+    """One sentence on what a headline ε means and where the trade-off against quality is shown."""
+    where = "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
+    if epsilon is None or not math.isfinite(epsilon):
+        return f"no guarantee: something was released without noise; {where}"
+    if epsilon <= 1:
+        strength = "strong"
+    elif epsilon <= 10:
+        strength = "moderate, the usual target of the papers"
+    else:
+        strength = "weak: the odds bound alone is vacuous at this size, only ruling out near-certain inferences"
+    return (
+        f"except with probability δ = {delta:g}, nothing the server saw can shift anyone's odds about one "
+        f"client's data by more than a factor e^ε = e^{epsilon:.3g} ({strength}); {where}"
+    )

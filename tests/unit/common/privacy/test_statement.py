@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
 from common.privacy.statement import (
@@ -12,6 +14,7 @@ from common.privacy.statement import (
     RULE_PER_CLIENT,
     client_entry,
     dpgan_statement,
+    epsilon_meaning,
     fedavg_statement,
     gswgan_statement,
     max_epsilon,
@@ -102,3 +105,14 @@ def test_gswgan_statement_says_the_warm_start_and_the_basis_cost_nothing():
     assert "non-private warm start (200 iterations on its own data)" in text and "cost no privacy" in text
     plain = gswgan_statement(_ledgers({0: 3}), _server(3), **GS)
     assert "DCT" not in plain and "warm start" not in plain and "never released" in plain
+
+
+@pytest.mark.parametrize(
+    ("eps", "words"),
+    [(0.5, "(strong)"), (8.0, "moderate"), (100.0, "weak"), (None, "no guarantee"), (math.inf, "no guarantee")],
+)
+def test_epsilon_meaning_grades_the_figure_and_points_at_the_frontier(eps, words):
+    text = epsilon_meaning(eps, delta=1e-5)
+    assert words in text and "frontier" in text
+    if eps is not None and math.isfinite(eps):
+        assert f"e^{eps:.3g}" in text and "δ = 1e-05" in text
