@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/fedgan simulate
+	$(BIN)/fedgan simulate --config simulations/configs/quickstart.toml
 
 # The formatter and the linter first (configured in pyproject.toml), then the suite.
 # tests/deployment/test_compose.py validates the compose files with Debian's docker-compose (no Docker

@@ -106,3 +106,9 @@ def test_shipped_experiment_files_are_valid():
     assert files
     for path in files:
         ExperimentConfig.from_toml(path)
+
+
+def test_make_run_is_the_quickstart_file_and_it_targets_a_per_client_epsilon_of_at_most_100():
+    assert "--config simulations/configs/quickstart.toml" in (ROOT / "Makefile").read_text()
+    cfg = ExperimentConfig.from_toml(ROOT / "simulations" / "configs" / "quickstart.toml")
+    assert cfg.strategy == "gswgan" and 0 < cfg.target_epsilon <= 100 and cfg.delta == 1e-5
