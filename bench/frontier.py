@@ -176,8 +176,10 @@ def one_point(
 ) -> dict[str, Any]:
     name = f"{strategy}-eps{target:g}" + ("" if lever is None else f"-lever{lever}")
     out = args.work / name
-    if out.exists() and (out / "eval.json").exists() and args.reuse:
-        wall = json.loads((out / "summary.json").read_text()).get("wall_time_s")
+    if out.exists() and (out / "eval.json").exists() and (args.reuse or args.collect_only):
+        wall = json.loads((out / "summary.json").read_text()).get("wall_s")
+    elif args.collect_only:
+        return {"strategy": strategy, "target": target, "lever": lever, "error": "not run (--collect-only)"}
     else:
         if out.exists():
             subprocess.run(["rm", "-rf", str(out)], check=True)
@@ -294,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inception", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "frontier", help="run directories")
     parser.add_argument("--reuse", action="store_true", help="keep finished runs in --work instead of rerunning")
+    parser.add_argument(
+        "--collect-only",
+        action="store_true",
+        help="run nothing: tabulate the finished runs in --work (others: not run)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("extra", nargs="*", help="more simulate flags for every run (after --)")
     args = parser.parse_args(argv)
