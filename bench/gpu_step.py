@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from common.client_state import new_state  # noqa: E402
 from common.config import ExperimentConfig  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
-from common.device import configure_numerics, resolve_device  # noqa: E402
+from common.device import resolve_device  # noqa: E402
 from common.losses import generator_sample_grads  # noqa: E402
 from common.methods.gswgan import ServerGenerator, critic_steps, select_critic_fakes  # noqa: E402
 from common.privacy import sanitize_sample_grads  # noqa: E402
@@ -81,7 +81,6 @@ def sync(device: torch.device) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    configure_numerics()
     cfg, server, clients = build(args)
     noise = noise_generator(None)
     for i in range(args.warmup):

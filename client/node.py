@@ -18,7 +18,6 @@ from flwr.app import ConfigRecord, Context
 
 from common.client_state import ClientState
 from common.config import ExperimentConfig
-from common.device import configure_numerics
 from common.methods import core
 from common.privacy import NodePolicy, PolicyError, PrivacyLedger, load_policy
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
@@ -85,7 +84,6 @@ class Node:
                 "this node received a query before the run's hello message; the server "
                 "sends the run configuration in a query.hello to every node first"
             )
-        configure_numerics()  # per message: Flower may run each in another thread
         self.context = context
         self.record: ConfigRecord = context.state.config_records[STATE_KEY]
 

@@ -19,7 +19,6 @@ from tqdm import tqdm
 from common.comm import CommCounter
 from common.config import ExperimentConfig
 from common.data import num_classes_for
-from common.device import configure_numerics
 
 from .reporting import RunDirectory
 from .session import NodeRefused, Transport, fetch_ledgers, greet
@@ -63,7 +62,6 @@ def run_experiment(
     thread) end the run after the current step, with a checkpoint and a summary. ``prior`` holds
     releases made before the run that its generator depends on (the debugging task's selection).
     """
-    configure_numerics()  # the thread that runs the loop (Flower runs it in a thread of its own)
     strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir), prior)
     state = _restore(run, strategy) if resume else LoopState()
     nodes = transport.node_ids(cfg.num_clients)
