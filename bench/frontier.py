@@ -46,10 +46,12 @@ UNITS = {
     "dpgan": "example-level, trusted curator",
     "fedavg-gan": "user-level, trusted server",
 }
+# The ∞ point: no noise. Opacus refuses σ = 0, so DPGAN's runs at σ = 1e-6 (clipping still on, ε
+# astronomically large but finite, and printed as such).
 NO_NOISE = {
-    "gswgan": "--noise-multiplier",
-    "dpgan": "--dpgan-noise-multiplier",
-    "fedavg-gan": "--fedavg-noise-multiplier",
+    "gswgan": ["--noise-multiplier", "0"],
+    "dpgan": ["--dpgan-noise-multiplier", "1e-6"],
+    "fedavg-gan": ["--fedavg-noise-multiplier", "0"],
 }
 
 # Per scale: flags every run shares, then each strategy's own (steps mean generator steps for

@@ -63,3 +63,25 @@ def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch,
     table = (tmp_path / "out" / "frontier-synthetic-cpu.md").read_text()
     assert "per-client, untrusted server" in table and "as published" in table
     assert (tmp_path / "out" / "frontier-synthetic-cpu.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("strategy", ["gswgan", "dpgan", "fedavg-gan"])
+def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
+    """Every point's flags are ones `fedgan simulate` accepts (the ∞ point swaps the target for no noise)."""
+    import argparse
+
+    from simulations.cli import build_parser
+
+    path = ROOT / "bench" / "frontier.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location("bench_frontier_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(dataset="fashion-mnist", device="cpu", fid_samples=200, inception=True, extra=[])
+    args.policy = tmp_path / "allow.toml"
+    for target in (1.0, float("inf")):
+        flags = module.run_flags("cpu", strategy, target, args, tmp_path / "run")
+        parsed = build_parser().parse_args(flags)
+        assert parsed.strategy == strategy
+        if target == float("inf"):
+            assert "--target-epsilon" not in flags and str(args.policy) in flags
