@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "wall_s": time.perf_counter() - start,
         "flags": SCALES[args.scale],
+        "levers": LEVERS[args.scale],
         "points": rows,
         "published": PUBLISHED,
     }
