@@ -181,7 +181,8 @@ def one_point(
     if out.exists() and (out / "eval.json").exists() and (args.reuse or args.collect_only):
         wall = json.loads((out / "summary.json").read_text()).get("wall_s")
     elif args.collect_only:
-        return {"strategy": strategy, "target": target, "lever": lever, "error": "not run (--collect-only)"}
+        name = None if lever is None else LEVERS[scale][lever][0]
+        return {"strategy": strategy, "target": target, "lever": name, "error": "not run (--collect-only)"}
     else:
         if out.exists():
             subprocess.run(["rm", "-rf", str(out)], check=True)
@@ -194,7 +195,8 @@ def one_point(
             code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
         wall = time.perf_counter() - start
         if code != 0:
-            return {"strategy": strategy, "target": target, "lever": lever, "error": f"exit {code}, see {log}"}
+            name = None if lever is None else LEVERS[scale][lever][0]
+            return {"strategy": strategy, "target": target, "lever": name, "error": f"exit {code}, see {log}"}
     point = point_from_run(strategy, target, out, wall)
     if lever is not None:
         point["lever"] = LEVERS[scale][lever][0]
@@ -266,7 +268,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         ]
         for r in levers:
             if "error" in r:
-                lines.append(f"| lever {r['lever']} | failed: {r['error']} | | | | | |")
+                lines.append(f"| {r['lever']} | {r['error']} | | | | | |")
                 continue
             fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
             lines.append(
