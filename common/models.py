@@ -92,6 +92,12 @@ def device_of(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+def on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict (or delta) with every tensor on the CPU, ready for the wire (the networks may
+    live on a GPU)."""
+    return {k: v.cpu() for k, v in tensors.items()}
+
+
 def count_params(module: nn.Module) -> int:
     """Number of parameter entries (spectral norm's power-iteration vectors are buffers, so they
     are not counted; the official code keeps them as parameters, which adds ~0.6% to its G)."""

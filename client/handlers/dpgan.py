@@ -7,6 +7,7 @@ import json
 from flwr.app import Context, Message
 
 from common.methods.dpgan import MSG_ROUND, DpganReply, DpganRound, load_node, run_round, save_node
+from common.models import on_cpu
 from protos import wire
 
 from ..node import Node, use_client_threads
@@ -37,5 +38,5 @@ def handle(message: Message, context: Context) -> Message:
     reply.n_d = curator.n_d
     reply.discriminator_steps, reply.ledger = curator.trainer.steps_taken, json.dumps(curator.ledger.state_dict())
     reply.stats = stats
-    reply.generator = {k: v.cpu() for k, v in curator.generator.state_dict().items()}
+    reply.generator = on_cpu(curator.generator.state_dict())
     return wire.reply(reply, message)

@@ -25,7 +25,7 @@ from common.codec import PayloadError
 from common.dp_fedavg import Delta, flatten_delta
 from common.losses import critic_step
 from common.messages import StateDict
-from common.models import build_discriminator, build_generator, device_of, sample_latent
+from common.models import build_discriminator, build_generator, device_of, on_cpu, sample_latent
 from common.options import check_all, option
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_RAW_DELTA
@@ -172,7 +172,7 @@ def client_update(
             drift=drift,
             generator=generator,
         )
-    return {k: v.cpu() for k, v in flatten_delta(D_state, D.state_dict()).items()}
+    return on_cpu(flatten_delta(D_state, D.state_dict()))
 
 
 # --- server: generator steps against the updated D ---------------------------------------------

@@ -24,7 +24,7 @@ from common.device import resolve_device
 from common.dp_fedavg import aggregate_deltas, apply_delta, flatten_delta
 from common.messages import LEDGER, LedgerQuery
 from common.methods.fedavg_gan import MSG_ROUND, RAW_DELTA, FedAvgReply, FedAvgRound, server_generator_steps
-from common.models import GeneratorEMA, build_discriminator, build_generator
+from common.models import GeneratorEMA, build_discriminator, build_generator, on_cpu
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import (
@@ -75,7 +75,7 @@ class FedAvgGanStrategy(Strategy):
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
         out = []
-        g_state, d_state = (_on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
+        g_state, d_state = (on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
         for node in nodes:
             seed = int(torch.randint(2**31, (1,), generator=self.rng))
             round_ = FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state)
@@ -200,8 +200,3 @@ class FedAvgGanStrategy(Strategy):
         else:  # a checkpoint from before the server's ledger: those rounds without amplification
             z = self.cfg.fedavg_noise_multiplier
             self.server_ledger = PrivacyLedger([PrivacyEvent(z, count=self.rounds_done)] if self.rounds_done else [])
-
-
-def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict ready for the wire (the networks may live on a GPU)."""
-    return {k: v.cpu() for k, v in state.items()}
