@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.evaluation.plots import plot_frontier  # noqa: E402
+from common.methods import core  # noqa: E402
 from common.privacy import PrivacyLedger  # noqa: E402
 
 TARGETS = (1.0, 10.0, 100.0, math.inf)
@@ -138,23 +139,32 @@ def run_flags(
     return flags + args.extra
 
 
-def recomputed_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
-    """The headline ε recomputed from privacy.json's ledgers with ``PrivacyLedger`` (RDP)."""
-    delta = privacy["delta"]
-    if strategy == "fedavg-gan":
-        ledgers = [privacy["epsilon_amplified"]["ledger"]]
-    else:
-        ledgers = [c["ledger"] for c in privacy["clients"] if c["queries"]]
-    values = [PrivacyLedger.from_state_dict(ledger).epsilon(delta=delta) for ledger in ledgers]
-    unbounded = any(v is None or math.isinf(v) for v in values)  # privacy.json writes these as null
-    return None if not values or unbounded else max(values)
+def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict], list[float | None]]:
+    """The ledgers behind a strategy's headline ε in privacy.json, and the ε printed for each.
+
+    A method whose clients are unbounded against the server (Fed-Avg's raw deltas) headlines the
+    server's own ledger; the others headline their clients' ledgers (the largest one counts).
+    """
+    if core(strategy).UNBOUNDED_AGAINST_SERVER:
+        amplified = privacy["epsilon_amplified"]
+        return [amplified["ledger"]], [amplified["epsilon"]]
+    queried = [c for c in privacy["clients"] if c["queries"]]
+    return [c["ledger"] for c in queried], [c["epsilon"] for c in queried]
+
+
+def _largest(values: list[float | None]) -> float | None:
+    """The largest ε, None when there is none or one is unbounded (privacy.json's null, or inf)."""
+    return None if not values or any(v is None or math.isinf(v) for v in values) else max(values)
 
 
 def reported_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
-    if strategy == "fedavg-gan":
-        return privacy["epsilon_amplified"]["epsilon"]
-    values = [c["epsilon"] for c in privacy["clients"] if c["queries"]]
-    return None if not values or any(v is None for v in values) else max(values)
+    return _largest(headline_ledgers(strategy, privacy)[1])
+
+
+def recomputed_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
+    """The headline ε recomputed from privacy.json's ledgers with ``PrivacyLedger`` (RDP)."""
+    ledgers, _ = headline_ledgers(strategy, privacy)
+    return _largest([PrivacyLedger.from_state_dict(ledger).epsilon(delta=privacy["delta"]) for ledger in ledgers])
 
 
 def dp_accounting_epsilon(strategy: str, privacy: dict[str, Any]) -> float | None:
@@ -164,13 +174,8 @@ def dp_accounting_epsilon(strategy: str, privacy: dict[str, Any]) -> float | Non
         from test_accounting_crosscheck import independent_rdp  # the test suite's independent recomputation
     except ImportError:
         return None
-    ledgers = (
-        [privacy["epsilon_amplified"]["ledger"]]
-        if strategy == "fedavg-gan"
-        else [c["ledger"] for c in privacy["clients"] if c["queries"]]
-    )
-    values = [independent_rdp(ledger, privacy["delta"]) for ledger in ledgers]
-    return None if not values or any(math.isinf(v) for v in values) else max(values)
+    ledgers, _ = headline_ledgers(strategy, privacy)
+    return _largest([independent_rdp(ledger, privacy["delta"]) for ledger in ledgers])
 
 
 def one_point(
