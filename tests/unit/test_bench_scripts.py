@@ -15,23 +15,25 @@ def test_there_are_benchmarks():
     assert len(SCRIPTS) >= 5
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_benchmark_loads_and_has_an_entry_point(path, monkeypatch):
+def load_bench(path, monkeypatch):
+    """The benchmark at ``path`` as a module: its imports run, not its benchmark (guarded by __main__)."""
     monkeypatch.syspath_prepend(str(path.parent))  # as `python bench/x.py` would: siblings import
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # runs its imports, not its benchmark (guarded by __main__)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_benchmark_loads_and_has_an_entry_point(path, monkeypatch):
+    module = load_bench(path, monkeypatch)
     if "__main__" in path.read_text():
         assert callable(getattr(module, "main", None)), f"{path.name}: no main()"
 
 
 def test_gpu_step_runs_the_gswgan_step_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The GPU benchmark is written for a lent GPU but runs anywhere: a tiny CPU run gives a figure."""
-    path = ROOT / "bench" / "gpu_step.py"
-    monkeypatch.syspath_prepend(str(path.parent))
-    spec = importlib.util.spec_from_file_location("bench_gpu_step_run", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench(ROOT / "bench" / "gpu_step.py", monkeypatch)
     out = tmp_path / "gpu_step.json"
     argv = ["--device", "cpu", "--model", "tiny", "--clients", "2", "--steps", "3", "--warmup", "1", "--out", str(out)]
     assert module.main(argv) == 0
@@ -44,11 +46,7 @@ def test_gpu_step_runs_the_gswgan_step_on_the_cpu(tmp_path, monkeypatch, capsys)
 def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch, capsys):
     """One tiny GS-WGAN point and one lever row through the real CLI: table, plot and JSON are written,
     and each point's ε is the one its privacy.json recomputes to (the script stops otherwise)."""
-    path = ROOT / "bench" / "frontier.py"
-    monkeypatch.syspath_prepend(str(path.parent))
-    spec = importlib.util.spec_from_file_location("bench_frontier_run", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench(ROOT / "bench" / "frontier.py", monkeypatch)
     monkeypatch.setitem(module.LEVERS, "cpu", module.LEVERS["cpu"][:2])  # two levers: one extra run
     argv = ["--only", "gswgan", "--targets", "10", "--levers-at", "10", "--no-inception", "--jobs", "1"]
     argv += ["--dataset", "synthetic", "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
@@ -72,11 +70,7 @@ def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
 
     from simulations.cli import build_parser
 
-    path = ROOT / "bench" / "frontier.py"
-    monkeypatch.syspath_prepend(str(path.parent))
-    spec = importlib.util.spec_from_file_location("bench_frontier_flags", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench(ROOT / "bench" / "frontier.py", monkeypatch)
     args = argparse.Namespace(dataset="fashion-mnist", device="cpu", fid_samples=200, inception=True, extra=[])
     args.policy = tmp_path / "allow.toml"
     for target in (1.0, float("inf")):
