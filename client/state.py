@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from common.client_state import ClientState, adam_for, new_state
+from common.client_state import ClientState, adam_for, classifier_for, new_state
 from common.config import ExperimentConfig
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.device import resolve_device
@@ -104,6 +104,18 @@ def _blob(state: ClientState) -> dict[str, Any]:
         "ledger": state.ledger.state_dict(),
         "data_rng": state.data_rng.get_state(),
         "data": _packed_data(state),
+        **_classifier_blob(state),
+    }
+
+
+def _classifier_blob(state: ClientState) -> dict[str, Any]:
+    """DPAC's classifier and its Adam, when the client has one (files without it load as before)."""
+    if state.classifier is None or state.classifier_optimizer is None:
+        return {}
+    return {
+        "classifier": state.classifier.state_dict(),
+        "classifier_optimizer": state.classifier_optimizer.state_dict(),
+        "classifier_ready": state.classifier_ready,
     }
 
 
@@ -151,6 +163,10 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
         data_rng = torch.Generator()
         data_rng.set_state(blob["data_rng"])
         ledger = PrivacyLedger.from_state_dict(blob["ledger"])
+        classifier, classifier_optimizer = classifier_for(cfg)
+        if classifier is not None and "classifier" in blob:
+            classifier.load_state_dict(blob["classifier"])
+            classifier_optimizer.load_state_dict(blob["classifier_optimizer"])
     except Exception as err:  # noqa: BLE001 - e.g. a file written under another model preset
         raise RuntimeError(
             f"client state file {path} does not fit this run's configuration "
@@ -170,6 +186,9 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientStat
         warmed_up=bool(blob["warmed_up"]),
         data_key=key,
         packed_data=stored if stored is not None and stored.get("key") == key else None,
+        classifier=classifier,
+        classifier_optimizer=classifier_optimizer,
+        classifier_ready=classifier is not None and bool(blob.get("classifier_ready", False)),
     )
 
 

@@ -19,6 +19,7 @@ from common.data import (
     partition_key,
 )
 from common.device import resolve_device
+from common.dpac import build_classifier, classifier_adam
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 
@@ -38,10 +39,22 @@ class ClientState:
     warmed_up: bool = False
     data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
     packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
+    # DPAC (``common/dpac.py``): the client's private auxiliary classifier C_k and its Adam, or None
+    classifier: torch.nn.Module | None = None
+    classifier_optimizer: torch.optim.Optimizer | None = None
+    classifier_ready: bool = False  # its init on real data (``dpac_init``) has run
 
 
 def adam_for(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+
+
+def classifier_for(cfg: ExperimentConfig) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None]:
+    """A fresh DPAC classifier and its Adam on the run's device, or (None, None) when DPAC is off."""
+    if cfg.dpac_beta >= 1:
+        return None, None
+    C = build_classifier(cfg.model, num_classes=num_classes_for(cfg)).to(resolve_device(cfg.device))
+    return C, classifier_adam(C, cfg.dpac_lr)
 
 
 def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
@@ -52,6 +65,7 @@ def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
     """A fresh client: D initialised from a per-client seed, empty ledger, data cursor seeded."""
     torch.manual_seed(cfg.seed * 1_000_003 + client_id)
     disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg)).to(resolve_device(cfg.device))
+    classifier, classifier_optimizer = classifier_for(cfg)
     images, labels, inverted = client_arrays(cfg, client_id)
     return ClientState(
         client_id=client_id,
@@ -61,4 +75,6 @@ def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
         data_rng=_data_rng(cfg, client_id),
         data=client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted),
         data_key=partition_key(cfg),
+        classifier=classifier,
+        classifier_optimizer=classifier_optimizer,
     )

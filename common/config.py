@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common.device import check_device_name
+from common.dpac import TRAIN_HELP, TRAIN_MODES
 from common.methods import METHODS, core
 from common.options import ConfigError, check, check_all, check_choice, check_finite, option
 
@@ -91,6 +92,21 @@ class RunOptions:
     gp_weight: float = option(10.0, "WGAN-GP gradient penalty weight lambda")
     drift: float = option(1e-3, "drift penalty weight on E[D(x)^2] of real samples")
     ema_decay: float = option(0.999, "decay of the generator's exponential moving average (the released G)")
+    # --- DPAC: the dual-purpose auxiliary classifier (Chen et al. 2023; gswgan and dpgan) -------
+    dpac_beta: float = option(
+        1.0,
+        "DPAC: G is trained against beta*(WGAN term) + (1-beta)*(cross-entropy of a private auxiliary "
+        "classifier C on the generated sample's label); 1: off. gswgan: C lives on each client beside D "
+        "and the combined per-sample gradient is clipped and noised once (same epsilon); dpgan: C is "
+        "trained with DP-SGD on the curator and charged to its ledger",
+    )
+    dpac_train: str = option("seq", "DPAC: what C learns from at each discriminator step: " + TRAIN_HELP)
+    dpac_init: int = option(
+        100,
+        "DPAC: steps of C on real data before the GAN starts (the paper's 'init'; gswgan: non-private, on "
+        "each client at first contact, never released; dpgan: DP-SGD steps, charged); 0: none",
+    )
+    dpac_lr: float = option(1e-3, "DPAC: Adam learning rate of C")
     noise_seed: int = option(
         -1,
         "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default); "
@@ -323,6 +339,17 @@ def _validate(c: ExperimentConfig) -> None:
     check_all(c, ("z_dim", "dirichlet_alpha", "reply_timeout_s", "dataplane_idle_s"), lambda v: v > 0, "must be > 0")
     check_all(c, ("beta1", "beta2", "ema_decay"), lambda v: 0 <= v < 1, "must be in [0, 1)")
     check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")
+    check(0 <= c.dpac_beta <= 1, "dpac_beta", c.dpac_beta, "must be in [0, 1] (1: DPAC off)")
+    check_choice(c, "dpac_train", TRAIN_MODES)
+    check(c.dpac_init >= 0, "dpac_init", c.dpac_init, "must be >= 0")
+    check(c.dpac_lr > 0, "dpac_lr", c.dpac_lr, "must be > 0")
+    check(
+        c.dpac_beta == 1 or getattr(core(c.strategy), "SUPPORTS_DPAC", False),
+        "dpac_beta",
+        c.dpac_beta,
+        f"strategy {c.strategy} has no DPAC form (these do: "
+        f"{', '.join(m for m in METHODS if getattr(core(m), 'SUPPORTS_DPAC', False))}); use 1",
+    )
     check(0 <= c.synthetic_writers <= 3400, "synthetic_writers", c.synthetic_writers, "must be in [0, 3400]")
     check(
         c.synthetic_samples_per_writer >= 1,

@@ -29,7 +29,8 @@ from common.client_state import ClientState
 from common.codec import GsAnswer, GsQuery, encode_grads
 from common.data import num_classes_for
 from common.device import resolve_device
-from common.losses import critic_step, generator_sample_grads
+from common.dpac import classifier_step, combined_sample_grads, train_classifier
+from common.losses import critic_step
 from common.models import GeneratorEMA, build_generator, device_of, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, sanitize_sample_grads
@@ -45,6 +46,7 @@ MESSAGES = {MSG_QUERY: (GsQuery, GsAnswer)}
 STEP_LABEL = "generator steps"
 ACCEPTS_PRIOR_RELEASES = True  # its strategy reports releases made before the run (the debugging task)
 UNBOUNDED_AGAINST_SERVER = False
+SUPPORTS_DPAC = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
 WIRE_DTYPES = ("float32", "float16")
 WIRE_SAMPLES = ("uint8", "float32")
 WIRE_COMPRESSIONS = ("deflate", "none")
@@ -191,6 +193,10 @@ def critic_steps(
             drift=cfg.drift,
             generator=state.data_rng,
         )
+        if state.classifier is not None and state.classifier_optimizer is not None:
+            train_classifier(
+                state.classifier, state.classifier_optimizer, cfg.dpac_train, real, real_y, fakes[sl], labels[sl]
+            )
     return stats
 
 
@@ -279,6 +285,17 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     state.warmed_up = True
 
 
+def first_contact(state: ClientState, cfg: ExperimentConfig) -> None:
+    """What a client does once, before its first answer: D's warm start and DPAC's init of C on
+    real data. Neither network is ever released, so neither costs privacy."""
+    if cfg.warmup_steps and not state.warmed_up:
+        warm_start(state, cfg)
+    if state.classifier is not None and state.classifier_optimizer is not None and not state.classifier_ready:
+        for _ in range(cfg.dpac_init):
+            classifier_step(state.classifier, state.classifier_optimizer, *real_batch(state, cfg.batch_size))
+        state.classifier_ready = True
+
+
 def answer_query(
     state: ClientState, cfg: ExperimentConfig, query: GsQuery, policy: NodePolicy | None = None
 ) -> GsAnswer:
@@ -298,13 +315,12 @@ def answer_query(
     if over:
         return _refusal(state, cfg, query.step, f"one more answer {over}")
     query = query.decoded(n_critic=cfg.n_critic, num_classes=num_classes_for(cfg), critic_fakes=cfg.critic_fakes)
-    if cfg.warmup_steps and not state.warmed_up:
-        warm_start(state, cfg)
+    first_contact(state, cfg)
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.
     device = device_of(state.discriminator)
     fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)
     stats = critic_steps(state, cfg, *select_critic_fakes(state, cfg, fakes, labels, B), B)
-    grads = generator_sample_grads(state.discriminator, fakes[-B:], labels[-B:])
+    grads = combined_sample_grads(state.discriminator, state.classifier, fakes[-B:], labels[-B:], cfg.dpac_beta)
     released = to_coefficients(grads, cfg.grad_dct) if cfg.grad_dct else grads
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, query.step)
     noisy, ran = sanitize_sample_grads(

@@ -192,11 +192,13 @@ def gswgan_statement(
     prior: str = "",
     warmup_steps: int = 0,
     grad_dct: int = 0,
+    dpac_beta: float = 1.0,
 ) -> str:
     """GS-WGAN: the per-client headline from the clients' ledgers, the amplified figure from the
     server's record of its sampling. ``prior`` describes releases made before this run that its
     ledgers include (the debugging task's selection query); ``warmup_steps`` and ``grad_dct`` are
-    the run's options, named because a reader asks whether they cost privacy (they do not)."""
+    the run's options, named because a reader asks whether they cost privacy (they do not); so is
+    DPAC's classifier (``dpac_beta`` < 1), whose gradient is part of the one sanitized release."""
     nm = noise_multiplier / math.sqrt(batch_size)
     coords = f"as its {grad_dct}x{grad_dct} lowest 2-D DCT coefficients (a fixed public basis), " if grad_dct else ""
     intro = (
@@ -205,9 +207,16 @@ def gswgan_statement(
         f"with σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}."
     )
     warm = f", its non-private warm start ({warmup_steps} iterations on its own data)" if warmup_steps else ""
+    dpac = (
+        f" DPAC (β = {dpac_beta:g}): each released per-sample gradient is that of β·(WGAN term) + (1−β)·(the "
+        "cross-entropy of the client's own auxiliary classifier), clipped and noised once as above; the "
+        "classifier, trained on the client's data, is never released either."
+        if dpac_beta < 1
+        else ""
+    )
     unreleased = (
         f"A client's discriminator{warm} and its critic steps are never released and cost no privacy: "
-        "everything derived from its data reaches the server only through these sanitized answers."
+        f"everything derived from its data reaches the server only through these sanitized answers.{dpac}"
     )
     per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
     amplified = _server_sentence(

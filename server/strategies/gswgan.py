@@ -212,6 +212,7 @@ class GsWganStrategy(Strategy):
                 prior=self.prior.description,
                 warmup_steps=cfg.warmup_steps,
                 grad_dct=cfg.grad_dct,
+                dpac_beta=cfg.dpac_beta,
             )
         return report
 
