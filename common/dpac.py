@@ -81,7 +81,13 @@ def classifier_step(C: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y
 
 
 def train_classifier(
-    C: nn.Module, optimizer: torch.optim.Optimizer, mode: str, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor
+    C: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mode: str,
+    real: Tensor,
+    real_y: Tensor,
+    fake: Tensor,
+    fake_y: Tensor,
 ) -> None:
     """C's share of one critic step, as ``mode`` (one of ``TRAIN_MODES``) says."""
     if mode == "seq":

@@ -51,6 +51,11 @@ from torch.func import functional_call, grad, vmap
 from .models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
 from .privacy.analysis import Event, check_delta
 
+# Opacus registers full backward hooks; our inputs (data, fakes) never require gradients, so torch
+# warns at every DP step that the hook fires on module outputs only: that is exactly the case the
+# per-sample rows are built for, so this one message is silenced.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
+
 DpganLoss = Literal["ns", "wgan-gp"]
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
 
@@ -257,6 +262,87 @@ class DpDiscriminatorTrainer:
         if self.steps_taken == 0:
             return []
         return [(self.noise_multiplier, self.sample_rate, self.steps_taken)]
+
+
+class DpClassifierTrainer:
+    """DPAC's classifier C on the curator: DP-SGD on real data (Poisson batch, per-example clipping,
+    σC noise, normaliser B), free steps on generated data (post-processing of released networks).
+
+    Same σ, q and noise generator as the discriminator's steps, so each DP step is one more (σ, q)
+    event of the curator's ledger (``steps_taken`` counts them, from the optimizer's own hook, only
+    when noise was added). ``joint`` mixes B fakes into the DP batch as rows of their own (clipped
+    like the fake rows of D's step, normaliser 2B): the real rows' sensitivity is unchanged.
+    """
+
+    def __init__(
+        self,
+        C: nn.Module,
+        *,
+        lr: float,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        sample_rate: float,
+        expected_batch_size: int,
+        joint: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        _check_trainer_args("ns", "hooks", noise_multiplier, max_grad_norm, sample_rate)
+        self.C = C
+        self.module = _wrap(C, "hooks")
+        self.optimizer = DPOptimizer(
+            torch.optim.Adam(C.parameters(), lr=lr),
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=(2 if joint else 1) * expected_batch_size,
+            loss_reduction="mean",
+            generator=generator,
+        )
+        self.steps_taken = 0
+        self.optimizer.attach_step_hook(self._count_step)
+
+    def _count_step(self, _optimizer: DPOptimizer) -> None:
+        self.steps_taken += 1
+
+    def dp_step(self, x: Tensor, y: Tensor) -> None:
+        """One DP-SGD step on the rows (x, y): real rows, plus fakes in ``joint`` mode."""
+        self.optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(self.module(x), y.long(), reduction="sum").backward()
+        self.optimizer.step()
+
+    def free_step(self, fake: Tensor, fake_y: Tensor) -> None:
+        """A plain Adam step on generated data: nothing of the real data enters it, so no noise and
+        no charge; Opacus' hooks are off so that no per-sample rows linger for the next DP step."""
+        self.optimizer.original_optimizer.zero_grad(set_to_none=True)
+        self.module.disable_hooks()
+        try:
+            F.cross_entropy(self.C(fake.detach()), fake_y.long()).backward()
+        finally:
+            self.module.enable_hooks()
+        self.optimizer.original_optimizer.step()
+        self.optimizer.original_optimizer.zero_grad(set_to_none=True)
+
+    def train(self, mode: str, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> None:
+        """C's share of one round, as DPAC's ``mode`` says (``common/dpac.py``)."""
+        if mode in ("seq", "real"):
+            self.dp_step(real, real_y)
+        if mode == "joint":
+            self.dp_step(torch.cat([real, fake.detach()]), torch.cat([real_y, fake_y]))
+        if mode in ("seq", "fake"):
+            self.free_step(fake, fake_y)
+
+    @contextmanager
+    def frozen(self) -> Iterator[nn.Module]:
+        """C for the generator step: parameters frozen and Opacus' hooks off (see the D trainer's)."""
+        params = [p for p in self.C.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        self.module.disable_hooks()
+        try:
+            yield self.C
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+            self.module.enable_hooks()
 
 
 def _wrap(D: nn.Module, grad_sample_mode: str) -> nn.Module:

@@ -173,7 +173,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
         ("ε rule", summary["accounting"]),
-        ("ε means", epsilon_meaning(None if None in eps else max(eps), delta=summary["delta"])),
+        ("ε means", epsilon_meaning(None if None in eps else max(eps), delta=summary["delta"], kind=kind)),
         (f"ε {amp.get('kind') or 'amplified'}", amp_text),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),

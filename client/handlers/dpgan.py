@@ -28,8 +28,9 @@ def handle(message: Message, context: Context) -> Message:
         noise_multiplier=curator.trainer.noise_multiplier,
         sample_rate=curator.sample_rate,
     )
-    over = node.policy.over_budget(curator.ledger, curator.step_event(curator.n_d), node.cfg)
-    refusal = node.refusal() or (f"{curator.n_d} more discriminator steps {over}" if over else "")
+    planned = curator.round_dp_steps(node.cfg)
+    over = node.policy.over_budget(curator.ledger, curator.step_event(planned), node.cfg)
+    refusal = node.refusal() or (f"{planned} more DP-SGD steps {over}" if over else "")
     if refusal:
         reply.refused, reply.reason = True, f"the DPGAN node refuses: {refusal}"
         return wire.reply(reply, message)

@@ -17,6 +17,7 @@ makes the target the curator's budget, so an adaptive n_D that outgrows the plan
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,8 @@ from common.calibration import subsampled_noise
 from common.codec import PayloadError
 from common.data import load_client_partition, num_classes_for
 from common.device import resolve_device
-from common.dpsgd import AdaptiveND, DpDiscriminatorTrainer, build_dpgan_discriminator
+from common.dpac import build_classifier
+from common.dpsgd import AdaptiveND, DpClassifierTrainer, DpDiscriminatorTrainer, build_dpgan_discriminator
 from common.messages import StateDict, Stats
 from common.models import build_generator, sample_latent
 from common.options import check, check_all, check_choice, option
@@ -43,6 +45,7 @@ CURATOR = 0  # the client id of the node that pools every partition
 STEP_LABEL = "generator steps"
 ACCEPTS_PRIOR_RELEASES = False
 UNBOUNDED_AGAINST_SERVER = False
+SUPPORTS_DPAC = True  # centralized DPAC: C trained with DP-SGD on the curator, charged like D's steps
 LOSSES = ("ns", "wgan-gp")
 
 
@@ -129,10 +132,24 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
         raise ValueError("calibrating dpgan needs the pooled data size N")
     target = cfg.target_epsilon
     q = min(1.0, cfg.dpgan_batch_size / pooled_size)
-    sigma = subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d, cfg.delta)
+    sigma = subsampled_noise(target, q, cfg.steps * cfg.dpgan_n_d + classifier_dp_steps(cfg, cfg.steps), cfg.delta)
     return cfg.replace(
         dpgan_noise_multiplier=sigma, client_epsilon_budget=min(cfg.client_epsilon_budget or target, target)
     )
+
+
+def classifier_dp_steps(cfg: ExperimentConfig, rounds: int) -> int:
+    """DP-SGD steps DPAC's classifier takes in ``rounds`` rounds: its init, then one per round
+    unless it learns from generated data only (those steps are free)."""
+    if cfg.dpac_beta >= 1:
+        return 0
+    return cfg.dpac_init + rounds * classifier_round_steps(cfg)
+
+
+def classifier_round_steps(cfg: ExperimentConfig) -> int:
+    """DP-SGD steps of DPAC's classifier per round after its init: one unless it learns from
+    generated data only."""
+    return 1 if cfg.dpac_beta < 1 and cfg.dpac_train in ("seq", "real", "joint") else 0
 
 
 def node_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path) -> PrivacyLedger:
@@ -158,10 +175,24 @@ class DpganNode:
     sampler: Sampler  # the Poisson batches: secret
     void: str = ""  # why this node's steps are not private (a seeded noise or sampling generator)
     rounds: int = 0
+    classifier: DpClassifierTrainer | None = None  # DPAC's C (``dpac_beta`` < 1), trained with DP-SGD
+    classifier_ready: bool = False  # its init on real data has run
+
+    @property
+    def dp_steps(self) -> int:
+        """Noised steps so far, D's and C's (same σ and q: one kind of event)."""
+        return self.trainer.steps_taken + (self.classifier.steps_taken if self.classifier else 0)
 
     @property
     def sample_rate(self) -> float:
         return self.trainer.sample_rate
+
+    def round_dp_steps(self, cfg: ExperimentConfig) -> int:
+        """Noised steps the next round takes: n_D, plus DPAC's classifier's (its init the first time)."""
+        if self.classifier is None:
+            return self.n_d
+        init = 0 if self.classifier_ready else cfg.dpac_init
+        return self.n_d + init + classifier_round_steps(cfg)
 
     def step_event(self, count: int) -> PrivacyEvent:
         """``count`` DP-SGD discriminator steps: a Poisson-subsampled Gaussian (σ, q = B/N)."""
@@ -207,6 +238,18 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
     )
     sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
     void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else sampler.void_reason
+    classifier = None
+    if cfg.dpac_beta < 1:
+        classifier = DpClassifierTrainer(
+            build_classifier(cfg.model, num_classes=num_classes).to(device),
+            lr=cfg.dpac_lr,
+            noise_multiplier=sigma,
+            max_grad_norm=cfg.dpgan_clip,
+            sample_rate=sample_rate,
+            expected_batch_size=cfg.dpgan_batch_size,
+            joint=cfg.dpac_train == "joint",
+            generator=noise,
+        )
     return DpganNode(
         images=images,
         labels=labels,
@@ -219,6 +262,7 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
         rng=torch.Generator().manual_seed(cfg.seed * 31 + 7),
         sampler=sampler,
         void=void,
+        classifier=classifier,
     )
 
 
@@ -229,21 +273,53 @@ def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tup
         return node.generator(sample_latent(n, cfg.z_dim, generator=node.rng).to(device), y), y
 
 
+def _real_batch(node: DpganNode) -> tuple[torch.Tensor, torch.Tensor]:
+    """A secret Poisson batch of the pooled data at q = B/N."""
+    idx = node.sampler.poisson(len(node.labels), node.sample_rate).to(node.images.device)
+    return node.images[idx], node.labels[idx]
+
+
+def _train_classifier(node: DpganNode, cfg: ExperimentConfig) -> None:
+    """DPAC's C: its init (DP steps on real data, once), then its share of the round."""
+    C = node.classifier
+    if C is None:
+        return
+    if not node.classifier_ready:
+        for _ in range(cfg.dpac_init):
+            C.dp_step(*_real_batch(node))
+        node.classifier_ready = True
+    C.train(cfg.dpac_train, *_real_batch(node), *_fakes(node, cfg, cfg.dpgan_batch_size, grad=False))
+
+
+def _generator_step(node: DpganNode, cfg: ExperimentConfig) -> torch.Tensor:
+    """One step of G on the non-saturating loss on D; with DPAC, β of it plus (1 − β) of C's
+    cross-entropy on the fakes' labels. D and C stay frozen, their Opacus hooks off, until the
+    backward pass is done. Returns the loss."""
+    fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=True)
+    with ExitStack() as stack:
+        D = stack.enter_context(node.trainer.frozen())
+        loss = F.softplus(-D(fake, fake_y)).mean()
+        if node.classifier is not None:
+            C = stack.enter_context(node.classifier.frozen())
+            loss = cfg.dpac_beta * loss + (1 - cfg.dpac_beta) * F.cross_entropy(C(fake), fake_y.long())
+        node.g_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        node.g_optimizer.step()
+    return loss.detach()
+
+
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
-    """n_D DP discriminator steps, one generator step; records them in the ledger, returns the statistics."""
-    before = node.trainer.steps_taken
+    """n_D DP discriminator steps, DPAC's classifier steps, one generator step; records the noised
+    steps in the ledger, returns the statistics."""
+    before = node.dp_steps
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
-        idx = node.sampler.poisson(len(node.labels), node.sample_rate).to(node.images.device)
+        real, real_y = _real_batch(node)
         fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=False)
-        stats = node.trainer.step(node.images[idx], node.labels[idx], fake, fake_y)
-    fake, fake_y = _fakes(node, cfg, cfg.dpgan_batch_size, grad=True)
-    with node.trainer.frozen() as D:
-        g_loss = F.softplus(-D(fake, fake_y)).mean()  # non-saturating generator loss
-        node.g_optimizer.zero_grad(set_to_none=True)
-        g_loss.backward()
-        node.g_optimizer.step()
-    new_steps = node.trainer.steps_taken - before
+        stats = node.trainer.step(real, real_y, fake, fake_y)
+    _train_classifier(node, cfg)
+    g_loss = _generator_step(node, cfg)
+    new_steps = node.dp_steps - before
     if new_steps:
         node.ledger.record(node.step_event(new_steps))
     if node.schedule is not None:
@@ -271,11 +347,24 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "rounds": node.rounds,
         "steps_taken": node.trainer.steps_taken,
         "sampler": node.sampler.state_dict(),
+        **_classifier_blob(node),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
     os.replace(tmp, path)
     _NODES[str(state_dir)] = node
+
+
+def _classifier_blob(node: DpganNode) -> dict[str, Any]:
+    C = node.classifier
+    if C is None:
+        return {}
+    return {
+        "C": C.C.state_dict(),
+        "c_opt": C.optimizer.original_optimizer.state_dict(),
+        "c_steps": C.steps_taken,
+        "c_ready": node.classifier_ready,
+    }
 
 
 def load_ledger(state_dir: str | Path) -> PrivacyLedger:
@@ -306,5 +395,9 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.rng.set_state(blob["rng"])
         node.sampler.load_state_dict(blob.get("sampler", {}))
         node.trainer.steps_taken = int(blob["steps_taken"])
+        if node.classifier is not None and "C" in blob:
+            node.classifier.C.load_state_dict(blob["C"])
+            node.classifier.optimizer.original_optimizer.load_state_dict(blob["c_opt"])
+            node.classifier.steps_taken, node.classifier_ready = int(blob["c_steps"]), bool(blob["c_ready"])
     _NODES[str(state_dir)] = node
     return node

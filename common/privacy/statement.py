@@ -240,8 +240,8 @@ def gswgan_statement(
     return _assemble(list(ledgers.values()), parts, worst)
 
 
-def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str) -> str:
-    """Centralized DPGAN: one curator ledger, example-level."""
+def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str, dpac_beta: float = 1.0) -> str:
+    """Centralized DPGAN: one curator ledger, example-level (with DPAC, C's DP steps are in it)."""
     entry = client_entry(0, ledger, delta=delta, accountant=accountant)
     last = ledger.history[-1] if ledger.history else None
     eps = entry["epsilon"]
@@ -250,6 +250,12 @@ def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str) -> 
         f"example is protected at ε = {fmt_epsilon(eps)}"
         + (f" ({entry['epsilon_reason']})" if entry["epsilon_reason"] else "")
         + f" by DP-SGD on the discriminator over {ledger.queries} noisy steps"
+        + (
+            f" (DPAC, β = {dpac_beta:g}: these include its auxiliary classifier's DP-SGD steps on real data, "
+            "at the same σ and q; its steps on generated data are post-processing)"
+            if dpac_beta < 1
+            else ""
+        )
         + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
         + ". This assumes the curator node that pools the data is trusted."
     )
@@ -290,8 +296,16 @@ def _assemble(ledgers: list[PrivacyLedger], parts: list[str], worst: float | Non
     return notice + " ".join(parts) + _weak(worst)
 
 
-def epsilon_meaning(epsilon: float | None, *, delta: float) -> str:
-    """One sentence on what a headline ε means and where the trade-off against quality is shown."""
+_PROTECTED = {
+    KIND_PER_CLIENT: "one client's whole data set, against the server itself",
+    KIND_EXAMPLE: "one training example, against anyone who sees the released generator",
+    KIND_USER: "one client's whole data set, against anyone who sees the released model (the server is trusted)",
+}
+
+
+def epsilon_meaning(epsilon: float | None, *, delta: float, kind: str = KIND_PER_CLIENT) -> str:
+    """One sentence on what a headline ε of ``kind`` (its unit) means and where the trade-off
+    against quality is shown."""
     where = "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
     if epsilon is None or not math.isfinite(epsilon):
         return f"no guarantee: something was released without noise; {where}"
@@ -302,6 +316,6 @@ def epsilon_meaning(epsilon: float | None, *, delta: float) -> str:
     else:
         strength = "weak: the odds bound alone is vacuous at this size, only ruling out near-certain inferences"
     return (
-        f"except with probability δ = {delta:g}, nothing the server saw can shift anyone's odds about one "
-        f"client's data by more than a factor e^ε = e^{epsilon:.3g} ({strength}); {where}"
+        f"except with probability δ = {delta:g}, no inference about {_PROTECTED.get(kind, kind)} can shift "
+        f"anyone's odds by more than a factor e^ε = e^{epsilon:.3g} ({strength}); {where}"
     )

@@ -143,7 +143,9 @@ class DpganStrategy(Strategy):
             },
         }
         if final:
-            report["statement"] = dpgan_statement(ledger, delta=cfg.delta, accountant=cfg.accountant)
+            report["statement"] = dpgan_statement(
+                ledger, delta=cfg.delta, accountant=cfg.accountant, dpac_beta=cfg.dpac_beta
+            )
         return report
 
     def state_dict(self) -> dict[str, Any]:

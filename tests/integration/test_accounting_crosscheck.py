@@ -26,6 +26,11 @@ NR = dpa.NeighboringRelation
 RUNS = {
     "gswgan": dict(num_clients=4, steps=10, clients_per_step=2, noise_multiplier=3.0),
     "dpgan": dict(strategy="dpgan", num_clients=3, steps=4, dpgan_batch_size=16, dpgan_n_d=3),
+    # DPAC: the federated form's answers and the centralized form's classifier steps, recomputed too
+    "gswgan-dpac": dict(num_clients=3, steps=6, noise_multiplier=3.0, dpac_beta=0.5, dpac_init=2),
+    "dpgan-dpac": dict(
+        strategy="dpgan", num_clients=3, steps=3, dpgan_batch_size=16, dpgan_n_d=2, dpac_beta=0.5, dpac_init=2
+    ),
     "fedavg-gan": dict(
         strategy="fedavg-gan",
         num_clients=4,

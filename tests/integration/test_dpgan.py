@@ -67,3 +67,28 @@ def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):
     assert summary["status"].startswith("stopped") and summary["steps_completed"] == 3
     assert summary["clients"][0]["epsilon"] <= 5.0
     assert any("would exceed its epsilon budget 5" in n for n in summary["notes"])
+
+
+def test_dpac_charges_the_classifiers_dp_steps_and_calibrates_for_them(tmp_path):
+    """Centralized DPAC: C's init and its one DP step per round are (σ, q) events of the curator's
+    ledger beside D's; the calibration plans for them, so the target still holds."""
+    from common.calibration import prepare
+
+    plain = prepare(dpgan_cfg(tmp_path, "plain", steps=3, dpgan_n_d=2, target_epsilon=5.0))
+    cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0, dpac_beta=0.5, dpac_init=2))
+    assert cfg.dpgan_noise_multiplier > plain.dpgan_noise_multiplier  # 6 + 2 + 3 steps instead of 6
+    summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
+    assert error is None, error
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (client,) = written["clients"]
+    assert client["queries"] == 3 * 2 + 2 + 3
+    assert 4.5 < client["epsilon"] <= 5.0
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert "auxiliary classifier's DP-SGD steps" in privacy["statement"]
+
+
+def test_dpac_generated_data_only_charges_the_init_alone(tmp_path):
+    cfg = dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, dpac_beta=0.5, dpac_init=2, dpac_train="fake")
+    summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
+    assert error is None, error
+    assert summary["clients"][0]["queries"] == 3 * 2 + 2

@@ -300,3 +300,41 @@ def test_calibrated_sigma_never_overshoots(target: float, sample_rate: float, st
     assert eps <= target
     assert eps >= target - 0.011  # Opacus' bisection tolerance (0.01)
     assert math.isfinite(sigma) and sigma > 0
+
+
+def test_dpac_classifier_dp_step_clips_each_example_by_hand():
+    """C(x) = A x on two pixels: each example's CE gradient (p - e_y) x^T is clipped to C on its own,
+    summed and divided by the expected batch B (σ = 0 so the arithmetic is exact)."""
+    from common.dpsgd import DpClassifierTrainer
+
+    C = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        C.weight.copy_(torch.eye(2))
+    trainer = DpClassifierTrainer(
+        C, lr=1e-3, noise_multiplier=0.0, max_grad_norm=0.1, sample_rate=0.5, expected_batch_size=4
+    )
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([1, 0])
+    rows = []
+    for xi, yi in zip(x, y, strict=True):
+        p = torch.softmax(xi, 0)  # logits A x = x
+        g = torch.outer(p - torch.nn.functional.one_hot(yi, 2).float(), xi)
+        rows.append(g * min(1.0, 0.1 / g.norm().item()))
+    trainer.dp_step(x, y)
+    torch.testing.assert_close(C.weight.grad, (rows[0] + rows[1]) / 4)
+    assert trainer.steps_taken == 1
+
+
+def test_dpac_classifier_free_step_is_not_charged_and_leaves_no_rows():
+    from common.dpsgd import DpClassifierTrainer
+
+    torch.manual_seed(0)
+    C = torch.nn.Linear(2, 2)
+    trainer = DpClassifierTrainer(
+        C, lr=1e-2, noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.5, expected_batch_size=4
+    )
+    before = C.weight.detach().clone()
+    trainer.free_step(torch.randn(8, 2), torch.randint(0, 2, (8,)))
+    assert trainer.steps_taken == 0 and not torch.equal(before, C.weight)
+    assert all(getattr(p, "grad_sample", None) is None for p in C.parameters())
+    trainer.dp_step(torch.randn(3, 2), torch.randint(0, 2, (3,)))  # the next DP step sees its own 3 rows only
+    assert trainer.steps_taken == 1

@@ -10,6 +10,7 @@ import pytest
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
 from common.privacy.statement import (
+    KIND_EXAMPLE,
     RULE_AMPLIFIED_WOR,
     RULE_PER_CLIENT,
     client_entry,
@@ -116,3 +117,18 @@ def test_epsilon_meaning_grades_the_figure_and_points_at_the_frontier(eps, words
     assert words in text and "frontier" in text
     if eps is not None and math.isfinite(eps):
         assert f"e^{eps:.3g}" in text and "δ = 1e-05" in text
+
+
+def test_epsilon_meaning_names_the_unit_it_protects():
+    assert "one client's whole data set, against the server itself" in epsilon_meaning(10.0, delta=1e-5)
+    example = epsilon_meaning(10.0, delta=1e-5, kind=KIND_EXAMPLE)
+    assert "one training example" in example and "client" not in example
+
+
+def test_dpac_is_named_in_both_statements():
+    fed = gswgan_statement(_ledgers({0: 3}), _server(3), **GS, dpac_beta=0.5)
+    assert "DPAC (β = 0.5)" in fed and "clipped and noised once" in fed
+    assert "DPAC" not in gswgan_statement(_ledgers({0: 3}), _server(3), **GS)
+    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5, sampling="poisson")])
+    central = dpgan_statement(ledger, delta=1e-5, accountant="rdp", dpac_beta=0.5)
+    assert "auxiliary classifier's DP-SGD steps" in central
