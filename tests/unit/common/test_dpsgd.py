@@ -338,3 +338,36 @@ def test_dpac_classifier_free_step_is_not_charged_and_leaves_no_rows():
     assert all(getattr(p, "grad_sample", None) is None for p in C.parameters())
     trainer.dp_step(torch.randn(3, 2), torch.randint(0, 2, (3,)))  # the next DP step sees its own 3 rows only
     assert trainer.steps_taken == 1
+
+
+# --- DP-Adam and the clipping bound (Schwabedal, Michel, Riontino) ---------------------------------
+
+
+def _dp_adam_run(clip: float, *, optimizer: str = "adam", steps: int = 4) -> Tensor:
+    """D's weights after ``steps`` DP steps at bound ``clip``, everything else (data, noise draws) equal."""
+    torch.manual_seed(0)
+    D = TinyCritic()
+    trainer = _trainer(
+        D, noise_multiplier=1.0, max_grad_norm=clip, lr=1e-2, generator=torch.Generator().manual_seed(7)
+    )
+    if optimizer == "sgd":  # the same DP optimizer around plain SGD
+        trainer.optimizer.original_optimizer = torch.optim.SGD(D.parameters(), lr=1.0)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        real, fake = 5 * torch.randn(6, 3, generator=g), 5 * torch.randn(6, 3, generator=g)
+        y = torch.randint(0, 4, (6,), generator=g)
+        trainer.step(real, y, fake, y)
+    return torch.cat([p.detach().flatten() for p in D.parameters()])
+
+
+def test_dp_adam_updates_do_not_depend_on_c_when_every_example_is_clipped() -> None:
+    """With every per-example norm above C, the noised sum is C·(Σ g_i/‖g_i‖ + σξ): C is a common
+    factor of every gradient Adam sees, and Adam's update is invariant to it (up to its ε), so
+    C = 1e-3 and C = 1e-2 train the same D; plain DP-SGD's updates scale with C instead."""
+    small, large = _dp_adam_run(1e-3), _dp_adam_run(1e-2)
+    torch.testing.assert_close(small, large, rtol=1e-3, atol=1e-5)
+    start = _dp_adam_run(1e-3, steps=0)
+    first_small, first_large = (_dp_adam_run(c, optimizer="sgd", steps=1) - start for c in (1e-3, 1e-2))
+    torch.testing.assert_close(first_large, 10 * first_small, rtol=1e-3, atol=2e-6)  # SGD's step scales with C
+    assert first_large.abs().max() > 1e-3
+    assert not torch.allclose(_dp_adam_run(1e-3, optimizer="sgd"), _dp_adam_run(1e-2, optimizer="sgd"), atol=1e-5)
