@@ -89,6 +89,20 @@ LEVERS: dict[str, list[tuple[str, list[str]]]] = {
     ],
 }
 
+# The source papers' further methods and options, each a row at --levers-at on top of its strategy's
+# main flags (GS-WGAN's: every lever): DPAC's ablation (Chen et al. 2023, Table 4: baseline, w/o g2r,
+# w/o r2g, w/o seq, w/o init, full), in its federated and centralized forms. The baseline of each
+# is the strategy's main row at that target.
+DPAC = ["--dpac-beta", "0.5"]
+VARIANTS: list[tuple[str, str, list[str]]] = [
+    ("gswgan", "DPAC full (β 0.5, seq, init 100)", DPAC),
+    ("gswgan", "DPAC w/o g2r (C learns from real data only)", [*DPAC, "--dpac-train", "real"]),
+    ("gswgan", "DPAC w/o r2g (C learns from generated data only)", [*DPAC, "--dpac-train", "fake"]),
+    ("gswgan", "DPAC w/o seq (one joint step on both)", [*DPAC, "--dpac-train", "joint"]),
+    ("gswgan", "DPAC w/o init", [*DPAC, "--dpac-init", "0"]),
+    ("dpgan", "DPAC, centralized (C by DP-SGD, charged)", [*DPAC, "--dpac-init", "20"]),
+]
+
 PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
     {
         "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
@@ -117,13 +131,31 @@ PUBLISHED = [  # figures from the papers, with their units: none of them is a pe
 ]
 
 
+def variant_indices(spec: str) -> list[int]:
+    """``--variants``: all, none, or comma-separated indices into ``VARIANTS``."""
+    if spec == "all":
+        return list(range(len(VARIANTS)))
+    if spec in ("none", ""):
+        return []
+    chosen = [int(i) for i in spec.split(",")]
+    if any(not 0 <= i < len(VARIANTS) for i in chosen):
+        raise SystemExit(f"--variants: indices must lie in [0, {len(VARIANTS)})")
+    return chosen
+
+
 def lever_flags(scale: str, upto: int) -> list[str]:
     """The flags of the first ``upto`` + 1 levers (cumulative)."""
     return [flag for _, flags in LEVERS[scale][: upto + 1] for flag in flags]
 
 
 def run_flags(
-    scale: str, strategy: str, target: float, args: argparse.Namespace, out: Path, lever: int | None = None
+    scale: str,
+    strategy: str,
+    target: float,
+    args: argparse.Namespace,
+    out: Path,
+    lever: int | None = None,
+    variant: int | None = None,
 ) -> list[str]:
     flags = ["simulate", "--transport", "inprocess", "--strategy", strategy, "--dataset", args.dataset]
     flags += SCALES[scale]["common"] + SCALES[scale][strategy]
@@ -136,6 +168,8 @@ def run_flags(
         flags += ["--target-epsilon", f"{target:g}"]
     if strategy == "gswgan":  # the main rows carry every lever; a lever row stops after its own
         flags += lever_flags(scale, len(LEVERS[scale]) - 1 if lever is None else lever)
+    if variant is not None:
+        flags += VARIANTS[variant][2]
     return flags + args.extra
 
 
@@ -179,20 +213,27 @@ def dp_accounting_epsilon(strategy: str, privacy: dict[str, Any]) -> float | Non
 
 
 def one_point(
-    scale: str, strategy: str, target: float, args: argparse.Namespace, lever: int | None = None
+    scale: str,
+    strategy: str,
+    target: float,
+    args: argparse.Namespace,
+    lever: int | None = None,
+    variant: int | None = None,
 ) -> dict[str, Any]:
     name = f"{strategy}-eps{target:g}" + ("" if lever is None else f"-lever{lever}")
+    name += "" if variant is None else f"-variant{variant}"
+    label = {} if variant is None else {"variant": VARIANTS[variant][1]}
     out = args.work / name
     if out.exists() and (out / "eval.json").exists() and (args.reuse or args.collect_only):
         wall = json.loads((out / "summary.json").read_text()).get("wall_s")
     elif args.collect_only:
         name = None if lever is None else LEVERS[scale][lever][0]
-        return {"strategy": strategy, "target": target, "lever": name, "error": "not run (--collect-only)"}
+        return {"strategy": strategy, "target": target, "lever": name, **label, "error": "not run (--collect-only)"}
     else:
         if out.exists():
             subprocess.run(["rm", "-rf", str(out)], check=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGAN_CLIENT_THREADS": "1"}
-        cmd = [sys.executable, "-m", "simulations.cli", *run_flags(scale, strategy, target, args, out, lever)]
+        cmd = [sys.executable, "-m", "simulations.cli", *run_flags(scale, strategy, target, args, out, lever, variant)]
         log = args.work / f"{name}.log"
         args.work.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
@@ -201,11 +242,11 @@ def one_point(
         wall = time.perf_counter() - start
         if code != 0:
             name = None if lever is None else LEVERS[scale][lever][0]
-            return {"strategy": strategy, "target": target, "lever": name, "error": f"exit {code}, see {log}"}
+            return {"strategy": strategy, "target": target, "lever": name, **label, "error": f"exit {code}, see {log}"}
     point = point_from_run(strategy, target, out, wall)
     if lever is not None:
         point["lever"] = LEVERS[scale][lever][0]
-    return point
+    return {**point, **label}
 
 
 def point_from_run(strategy: str, target: float, out: Path, wall: float | None) -> dict[str, Any]:
@@ -235,6 +276,7 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         "gen2real_cnn": evaluation["gen2real_acc"]["cnn"],
         "gen2real_mlp": evaluation["gen2real_acc"]["mlp"],
         "real2gen_cnn": evaluation["real2gen_acc"]["cnn"],
+        "real2gen_mlp": evaluation["real2gen_acc"].get("mlp"),
         "wall_s": wall,
         "run_dir": str(out),
     }
@@ -251,7 +293,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "| gen2real CNN / MLP | real2gen CNN | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in [r for r in rows if r.get("lever") is None]:
+    for r in [r for r in rows if r.get("lever") is None and r.get("variant") is None]:
         if "error" in r:
             lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | |")
             continue
@@ -281,6 +323,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                 f"| {f(r['fid_domain'], '.1f')} | {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
                 f"| {f(r['wall_s'], '.0f')} |"
             )
+    lines += variant_table(rows)
     lines += ["", "Published (not comparable as guarantees: example-level, one trusted curator):", ""]
     lines += ["| source | data | method | ε | FID | gen2real |", "|---|---|---|---|---|---|"]
     for p in PUBLISHED:
@@ -288,6 +331,44 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"| {p['source']} | {p['dataset']} | {p['method']} | {p['epsilon']} | {p['fid']} | {p['gen2real']:.1%} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def variant_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The source papers' methods and options, each beside its strategy's main row (the baseline)."""
+    variants = [r for r in rows if r.get("variant") is not None]
+    if not variants:
+        return []
+    target = variants[0]["target"]
+    lines = [
+        "",
+        f"The source papers' further methods at target ε = {target:g} (each on top of its strategy's main row, "
+        "the baseline; DPAC's ablation follows Chen et al. 2023, Table 4):",
+        "",
+        "| strategy | row | ε spent | σ | FID (N) | domain FID | IS | gen2real CNN / MLP | real2gen CNN / MLP | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy in dict.fromkeys(r["strategy"] for r in variants):
+        base = [
+            {**r, "variant": "baseline"}
+            for r in rows
+            if r["strategy"] == strategy and r["target"] == target and r.get("lever") is None and "variant" not in r
+        ]
+        for r in base + [r for r in variants if r["strategy"] == strategy]:
+            if "error" in r:
+                lines.append(f"| {strategy} | {r['variant']} | {r['error']} | | | | | | | |")
+                continue
+            fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
+            lines.append(
+                f"| {strategy} | {r['variant']} | {_f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
+                f"| {_f(r['fid_domain'], '.1f')} | {_f(r['inception_score'], '.2f')} "
+                f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
+                f"| {r['real2gen_cnn']:.1%} / {_f(r.get('real2gen_mlp'), '.1%')} | {_f(r['wall_s'], '.0f')} |"
+            )
+    return lines
+
+
+def _f(v: Any, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="1,10,100,inf", help="comma-separated target ε (inf: no noise)")
     parser.add_argument(
         "--levers-at", type=float, default=100.0, help="target ε of GS-WGAN's lever rows (0: no lever rows)"
+    )
+    parser.add_argument(
+        "--variants",
+        default="all",
+        help="the source papers' method rows at --levers-at: all, none, or comma-separated indices into VARIANTS",
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--fid-samples", type=int, default=500, help="Inception FID samples N per point")
@@ -318,19 +404,28 @@ def main(argv: list[str] | None = None) -> int:
     args.policy.write_text("allow-nonprivate = true\n")
     strategies = [s for s in (args.only.split(",") if args.only else UNITS) if s]
     targets = [math.inf if t.strip() == "inf" else float(t) for t in args.targets.split(",")]
-    jobs = [(s, t, None) for s in strategies for t in targets]
+    jobs = [(s, t, None, None) for s in strategies for t in targets]
     levers = bool(args.levers_at) and "gswgan" in strategies
     if levers:  # the last lever row is the main row at that target (run once, added below)
-        jobs += [("gswgan", args.levers_at, i) for i in range(len(LEVERS[args.scale]) - 1)]
+        jobs += [("gswgan", args.levers_at, i, None) for i in range(len(LEVERS[args.scale]) - 1)]
         if args.levers_at not in targets:
-            jobs.append(("gswgan", args.levers_at, None))
+            jobs.append(("gswgan", args.levers_at, None, None))
+    chosen = variant_indices(args.variants) if args.levers_at else []
+    jobs += [(VARIANTS[i][0], args.levers_at, None, i) for i in chosen if VARIANTS[i][0] in strategies]
+    for s in {VARIANTS[i][0] for i in chosen if VARIANTS[i][0] in strategies}:
+        if args.levers_at not in targets and (s, args.levers_at, None, None) not in jobs:
+            jobs.append((s, args.levers_at, None, None))  # the variants' baseline
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda job: one_point(args.scale, job[0], job[1], args, job[2]), jobs))
+        rows = list(pool.map(lambda job: one_point(args.scale, job[0], job[1], args, job[2], job[3]), jobs))
     if levers:
-        full = next(r for r in rows if r["strategy"] == "gswgan" and r["target"] == args.levers_at)
+        full = next(
+            r
+            for r in rows
+            if r["strategy"] == "gswgan" and r["target"] == args.levers_at and "variant" not in r and not r.get("lever")
+        )
         rows.append({**full, "lever": LEVERS[args.scale][-1][0]})
-        if args.levers_at not in targets:
+        if args.levers_at not in targets and not chosen:  # the variants need it as their baseline
             rows.remove(full)
     for r in rows:
         print(json.dumps({k: r.get(k) for k in ("strategy", "target", "epsilon", "fid", "gen2real_cnn", "error")}))
@@ -350,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(rows, command.strip()))
-    ok = [r for r in rows if "error" not in r and r.get("lever") is None]
+    ok = [r for r in rows if "error" not in r and r.get("lever") is None and "variant" not in r]
     plot_frontier(
         ok,
         args.out / f"{stem}.png",

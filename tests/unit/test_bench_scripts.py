@@ -3,6 +3,7 @@ not on the day someone needs the figure (bench/ runs no tests of its own and CI 
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -48,18 +49,34 @@ def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch,
     and each point's ε is the one its privacy.json recomputes to (the script stops otherwise)."""
     module = load_bench(ROOT / "bench" / "frontier.py", monkeypatch)
     monkeypatch.setitem(module.LEVERS, "cpu", module.LEVERS["cpu"][:2])  # two levers: one extra run
-    argv = ["--only", "gswgan", "--targets", "10", "--levers-at", "10", "--no-inception", "--jobs", "1"]
+    argv = [
+        "--only",
+        "gswgan",
+        "--targets",
+        "10",
+        "--levers-at",
+        "10",
+        "--no-inception",
+        "--jobs",
+        "1",
+        "--variants",
+        "0",
+    ]
     argv += ["--dataset", "synthetic", "--work", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
     argv += ["--", "--model", "tiny", "--steps", "3", "--num-clients", "4", "--eval-samples", "100"]
     assert module.main(argv) == 0
     result = json.loads((tmp_path / "out" / "frontier-synthetic-cpu.json").read_text())
-    main, *levers = result["points"]
+    (dpac,) = [row for row in result["points"] if "variant" in row]
+    main, *levers = [row for row in result["points"] if "variant" not in row]
     assert main["strategy"] == "gswgan" and main["epsilon"] == pytest.approx(10, rel=1e-3)
+    assert dpac["variant"] == module.VARIANTS[0][1] and dpac["epsilon"] == pytest.approx(10, rel=1e-3)
+    assert json.loads((Path(dpac["run_dir"]) / "config.json").read_text())["dpac_beta"] == 0.5
     assert main["epsilon_recomputed"] == main["epsilon"]
     assert [row["lever"] for row in levers] == ["as published", module.LEVERS["cpu"][1][0]]
     assert levers[-1]["run_dir"] == main["run_dir"]  # the last lever row is the main row, run once
     table = (tmp_path / "out" / "frontier-synthetic-cpu.md").read_text()
     assert "per-client, untrusted server" in table and "as published" in table
+    assert "| gswgan | baseline |" in table and f"| gswgan | {module.VARIANTS[0][1]} |" in table
     assert (tmp_path / "out" / "frontier-synthetic-cpu.png").stat().st_size > 1000
 
 
@@ -79,3 +96,7 @@ def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
         assert parsed.strategy == strategy
         if target == float("inf"):
             assert "--target-epsilon" not in flags and str(args.policy) in flags
+    for i, (variant_strategy, _, _) in enumerate(module.VARIANTS):
+        if variant_strategy == strategy:
+            flags = module.run_flags("cpu", strategy, 100.0, args, tmp_path / "run", variant=i)
+            assert build_parser().parse_args(flags).strategy == strategy
