@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from common.data.public import PUBLIC_SOURCES
 from common.device import check_device_name
 from common.dpac import TRAIN_HELP, TRAIN_MODES
 from common.methods import METHODS, core
@@ -92,6 +93,21 @@ class RunOptions:
     gp_weight: float = option(10.0, "WGAN-GP gradient penalty weight lambda")
     drift: float = option(1e-3, "drift penalty weight on E[D(x)^2] of real samples")
     ema_decay: float = option(0.999, "decay of the generator's exponential moving average (the released G)")
+    # --- public data (dpGAN's warm start and clipping bounds; costs no privacy) ------------------
+    public_data: str = option(
+        "",
+        "data declared public, usable without privacy cost: synthetic (the embedded handwriting from its own "
+        "seed: in domain for digits only), holdout (a slice of the training data held apart: whole writers "
+        "outside the federation with a writer partition, else public-size examples removed from every "
+        "client's partition before the split), or empty (none)",
+    )
+    public_size: int = option(1000, "number of public examples (public-data)")
+    public_warmup_steps: int = option(
+        0,
+        "generator steps of a non-private warm start of G and D on the public data before private training "
+        "(gswgan: the server's G, and each client's D before its own warm start; dpgan: the curator's G and D; "
+        "fedavg-gan: the server's G and the initial global D); needs public-data",
+    )
     # --- DPAC: the dual-purpose auxiliary classifier (Chen et al. 2023; gswgan and dpgan) -------
     dpac_beta: float = option(
         1.0,
@@ -339,6 +355,15 @@ def _validate(c: ExperimentConfig) -> None:
     check_all(c, ("z_dim", "dirichlet_alpha", "reply_timeout_s", "dataplane_idle_s"), lambda v: v > 0, "must be > 0")
     check_all(c, ("beta1", "beta2", "ema_decay"), lambda v: 0 <= v < 1, "must be in [0, 1)")
     check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")
+    check_choice(c, "public_data", PUBLIC_SOURCES)
+    check(c.public_size >= 1, "public_size", c.public_size, "must be >= 1")
+    check(c.public_warmup_steps >= 0, "public_warmup_steps", c.public_warmup_steps, "must be >= 0")
+    check(
+        not c.public_warmup_steps or c.public_data,
+        "public_warmup_steps",
+        c.public_warmup_steps,
+        "needs public-data (synthetic or holdout)",
+    )
     check(0 <= c.dpac_beta <= 1, "dpac_beta", c.dpac_beta, "must be in [0, 1] (1: DPAC off)")
     check_choice(c, "dpac_train", TRAIN_MODES)
     check(c.dpac_init >= 0, "dpac_init", c.dpac_init, "must be >= 0")

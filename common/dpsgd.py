@@ -237,6 +237,18 @@ class DpDiscriminatorTrainer:
             return self.D(fake, fake_y)
 
     @contextmanager
+    def hooks_off(self) -> Iterator[nn.Module]:
+        """D with Opacus' hooks off, for non-private training on public data (no per-sample rows)."""
+        hooks = getattr(self.module, "disable_hooks", None) is not None
+        if hooks:
+            self.module.disable_hooks()
+        try:
+            yield self.D
+        finally:
+            if hooks:
+                self.module.enable_hooks()
+
+    @contextmanager
     def frozen(self) -> Iterator[nn.Module]:
         """D for the generator step: parameters frozen and Opacus' hooks off.
 

@@ -31,6 +31,7 @@ from common.data.partition import (
     partition_iid,
     partition_shards,
 )
+from common.data.public import held_out, uses_writer_holdout
 from common.data.synthetic import synthetic_writer, synthetic_writer_labels
 
 if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
@@ -112,7 +113,8 @@ def _dataset_key(cfg: ExperimentConfig) -> tuple:
     return (cfg.dataset, cfg.data_dir, cfg.emnist_split)
 
 
-def _training_set(cfg: ExperimentConfig) -> Dataset:
+def training_set(cfg: ExperimentConfig) -> Dataset:
+    """The whole training set of ``cfg`` (cached), before any slice is held out or split."""
     build = functools.partial(  # deferred, so a cache hit costs nothing
         load_dataset,
         cfg.dataset,
@@ -127,7 +129,22 @@ def _training_set(cfg: ExperimentConfig) -> Dataset:
 
 
 def _split(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
-    """The partition named by ``cfg.partition`` of a whole data set."""
+    """The partition named by ``cfg.partition`` of a whole data set, after removing the public
+    holdout (``common/data/public.py``): indices into the whole set, none of them public."""
+    if cfg.public_data != "holdout" or uses_writer_holdout(cfg):
+        return _split_all(cfg, dataset)
+    keep = np.setdiff1d(np.arange(len(dataset)), held_out(cfg, len(dataset)))
+    rest = Dataset(
+        images=dataset.images[keep],
+        labels=dataset.labels[keep],
+        writers=None if dataset.writers is None else dataset.writers[keep],
+        num_classes=dataset.num_classes,
+    )
+    return [keep[index] for index in _split_all(cfg, rest)]
+
+
+def _split_all(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
+    """The partition named by ``cfg.partition`` of ``dataset``."""
     n, k = len(dataset), cfg.num_clients
     if cfg.partition == "writer":
         if dataset.writers is None:
@@ -146,9 +163,10 @@ def _split(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
 
 def _partition_indices(cfg: ExperimentConfig) -> list[np.ndarray]:
     key = ("partition",) + _dataset_key(cfg) + (cfg.partition, cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
+    key += _holdout_key(cfg)
     if cfg.partition == "dirichlet":
         key += (cfg.batch_size,)
-    return _cached(key, lambda: _split(cfg, _training_set(cfg)))
+    return _cached(key, lambda: _split(cfg, training_set(cfg)))
 
 
 # --- one client -----------------------------------------------------------------------------------
@@ -169,7 +187,7 @@ def client_arrays(cfg: ExperimentConfig, client_id: int) -> tuple[np.ndarray, np
         _check_femnist_writers(cfg, path)
         images, labels, _ = read_tff_h5_writer(path, client_id, num_classes=num_classes_for(cfg))
     else:
-        dataset, index = _training_set(cfg), _partition_indices(cfg)[client_id]
+        dataset, index = training_set(cfg), _partition_indices(cfg)[client_id]
         images, labels = dataset.images[index], dataset.labels[index]
     inverted = bool(cfg.invert_prob > 0 and invert_clients(cfg.num_clients, cfg.invert_prob, seed=cfg.seed)[client_id])
     return (apply_inversion(images) if inverted else images), labels, inverted
@@ -204,10 +222,17 @@ def partition_key(cfg: ExperimentConfig) -> str:
     A client may keep a copy of its partition beside its state; the key tells whether that copy
     is still what ``client_arrays`` would give under ``cfg``.
     """
-    fields = (_dataset_key(cfg), cfg.partition, cfg.num_clients, cfg.seed, cfg.invert_prob)
+    fields = (_dataset_key(cfg), cfg.partition, cfg.num_clients, cfg.seed, cfg.invert_prob, *_holdout_key(cfg))
     if cfg.partition == "dirichlet":
         fields += (cfg.dirichlet_alpha, cfg.batch_size)
     return repr(fields)
+
+
+def _holdout_key(cfg: ExperimentConfig) -> tuple:
+    """What a partition depends on of the public holdout (nothing unless examples are removed)."""
+    if cfg.public_data == "holdout" and not uses_writer_holdout(cfg):
+        return ("holdout", cfg.public_size)
+    return ()
 
 
 def client_labels(cfg: ExperimentConfig, client_id: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from common.models import build_generator, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
+from common.public_warmup import pretrain_gan
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
     from common.config import ExperimentConfig
@@ -177,6 +178,7 @@ class DpganNode:
     rounds: int = 0
     classifier: DpClassifierTrainer | None = None  # DPAC's C (``dpac_beta`` < 1), trained with DP-SGD
     classifier_ready: bool = False  # its init on real data has run
+    public_warmed: bool = True  # the warm start on public data has run (or none was asked for)
 
     @property
     def dp_steps(self) -> int:
@@ -263,6 +265,7 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
         sampler=sampler,
         void=void,
         classifier=classifier,
+        public_warmed=not cfg.public_warmup_steps,
     )
 
 
@@ -308,9 +311,30 @@ def _generator_step(node: DpganNode, cfg: ExperimentConfig) -> torch.Tensor:
     return loss.detach()
 
 
+def _public_warm_start(node: DpganNode, cfg: ExperimentConfig) -> None:
+    """dpGAN's warm start: G and D trained on the public data without noise, Opacus' hooks off, with
+    D's own Adam (its moments carry into the private steps: they hold nothing private)."""
+    with node.trainer.hooks_off() as D:
+        pretrain_gan(
+            node.generator,
+            D,
+            node.trainer.optimizer.original_optimizer,
+            cfg,
+            steps=cfg.public_warmup_steps,
+            n_critic=cfg.dpgan_n_d,
+            num_classes=num_classes_for(cfg),
+            rng=node.rng,
+            loss=cfg.dpgan_loss,
+            lr=cfg.dpgan_lr,
+        )
+    node.public_warmed = True
+
+
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
     """n_D DP discriminator steps, DPAC's classifier steps, one generator step; records the noised
     steps in the ledger, returns the statistics."""
+    if not node.public_warmed:
+        _public_warm_start(node, cfg)
     before = node.dp_steps
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
@@ -347,6 +371,7 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "rounds": node.rounds,
         "steps_taken": node.trainer.steps_taken,
         "sampler": node.sampler.state_dict(),
+        "public_warmed": node.public_warmed,
         **_classifier_blob(node),
     }
     tmp = path.with_suffix(".tmp")
@@ -395,6 +420,7 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.rng.set_state(blob["rng"])
         node.sampler.load_state_dict(blob.get("sampler", {}))
         node.trainer.steps_taken = int(blob["steps_taken"])
+        node.public_warmed = bool(blob.get("public_warmed", True))
         if node.classifier is not None and "C" in blob:
             node.classifier.C.load_state_dict(blob["C"])
             node.classifier.optimizer.original_optimizer.load_state_dict(blob["c_opt"])

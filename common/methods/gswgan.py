@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,13 @@ from common.data import num_classes_for
 from common.device import resolve_device
 from common.dpac import classifier_step, combined_sample_grads, train_classifier
 from common.losses import critic_step
-from common.models import GeneratorEMA, build_generator, device_of, sample_latent
+from common.models import GeneratorEMA, build_discriminator, build_generator, device_of, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, sanitize_sample_grads
 from common.privacy.dct import to_coefficients, to_pixels
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.sanitizer import release_noise_source
+from common.public_warmup import pretrain_gan, public_batch
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
     from common.config import ExperimentConfig
@@ -247,7 +249,13 @@ def replay_buffer(state: ClientState, capacity: int) -> deque[tuple[torch.Tensor
     return buffer
 
 
-def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
+def warm_start(
+    state: ClientState,
+    cfg: ExperimentConfig,
+    *,
+    steps: int | None = None,
+    batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> None:
     """Non-private warm start of D_k against a throwaway local generator (GS-WGAN's pretraining).
 
     Costs no privacy: neither D_k nor the throwaway generator is ever released; the first released
@@ -255,18 +263,23 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     ``n_critic`` of them the throwaway generator takes one step and draws the fakes the next
     ``n_critic`` critic steps reuse (each with a new real batch), as ``critic_fakes=query`` does in
     the run: one generator forward per generator step instead of one per critic step.
+
+    ``batches(B)`` gives the real batches (default: the client's own data); ``public_warm_start``
+    runs the same loop on public data.
     """
+    steps = cfg.warmup_steps if steps is None else steps
+    batches = batches or (lambda n: real_batch(state, n))
     num_classes = num_classes_for(cfg)
     device = device_of(state.discriminator)
     gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
     B = min(cfg.batch_size, len(state.data.labels))
     period = max(cfg.n_critic, 1)
-    for it in range(cfg.warmup_steps):
+    for it in range(steps):
         if it % period == 0:
             y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
             fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
-        real, real_y = real_batch(state, B)
+        real, real_y = batches(B)
         critic_step(
             state.discriminator,
             state.optimizer,
@@ -285,11 +298,27 @@ def warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     state.warmed_up = True
 
 
+def public_warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
+    """``public_warmup_steps`` critic steps of D_k on the public data (dpGAN's warm start), before
+    its warm start on its own data; drawn with the client's own RNG."""
+    device = device_of(state.discriminator)
+    warm_start(
+        state,
+        cfg,
+        steps=cfg.public_warmup_steps,
+        batches=lambda n: public_batch(cfg, n, state.data_rng, device),
+    )
+
+
 def first_contact(state: ClientState, cfg: ExperimentConfig) -> None:
-    """What a client does once, before its first answer: D's warm start and DPAC's init of C on
-    real data. Neither network is ever released, so neither costs privacy."""
-    if cfg.warmup_steps and not state.warmed_up:
-        warm_start(state, cfg)
+    """What a client does once, before its first answer: D's warm starts (public data, then its
+    own) and DPAC's init of C on its data. None of these networks is ever released, so none costs
+    privacy."""
+    if not state.warmed_up:
+        if cfg.public_warmup_steps:
+            public_warm_start(state, cfg)
+        if cfg.warmup_steps:
+            warm_start(state, cfg)
     if state.classifier is not None and state.classifier_optimizer is not None and not state.classifier_ready:
         for _ in range(cfg.dpac_init):
             classifier_step(state.classifier, state.classifier_optimizer, *real_batch(state, cfg.batch_size))
@@ -373,6 +402,25 @@ class ServerGenerator:
         self.ema = GeneratorEMA(self.model, decay=cfg.ema_decay)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
         self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.public_warmed = not cfg.public_warmup_steps
+
+    def public_warm_start(self) -> None:
+        """dpGAN's warm start of G on the public data, against a public D that is then discarded;
+        the EMA restarts from the warmed G. Runs once, before the first step."""
+        D = build_discriminator(self.cfg.model, num_classes=self.num_classes).to(self.device)
+        d_opt = torch.optim.Adam(D.parameters(), lr=self.cfg.lr_d, betas=(self.cfg.beta1, self.cfg.beta2))
+        pretrain_gan(
+            self.model,
+            D,
+            d_opt,
+            self.cfg,
+            steps=self.cfg.public_warmup_steps,
+            n_critic=self.cfg.n_critic,
+            num_classes=self.num_classes,
+            rng=self.rng,
+        )
+        self.ema = GeneratorEMA(self.model, decay=self.cfg.ema_decay)
+        self.public_warmed = True
 
     def draw_labels(self, n: int) -> torch.Tensor:
         """Uniform labels drawn by the server, never from a client's label histogram (it would leak)."""
@@ -419,6 +467,7 @@ class ServerGenerator:
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.rng.get_state(),
+            "public_warmed": self.public_warmed,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -426,3 +475,4 @@ class ServerGenerator:
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.set_state(state["rng"])
+        self.public_warmed = bool(state.get("public_warmed", True))

@@ -38,6 +38,7 @@ from common.privacy.statement import (
     not_private_reasons,
     server_entry,
 )
+from common.public_warmup import pretrain_gan
 from protos import wire
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
@@ -60,6 +61,26 @@ class FedAvgGanStrategy(Strategy):
         self.records = ClientRecords(cfg.delta)
         self.rounds_done = 0
         self.node_client = {}
+        self.public_warmed = not cfg.public_warmup_steps
+
+    def _public_warm_start(self) -> None:
+        """dpGAN's warm start on the public data: the server's G and the first global D (the clients'
+        WGAN-GP loss), before the first round; the EMA restarts from the warmed G."""
+        d_opt = torch.optim.Adam(
+            self.discriminator.parameters(), lr=self.cfg.lr_d, betas=(self.cfg.beta1, self.cfg.beta2)
+        )
+        pretrain_gan(
+            self.generator,
+            self.discriminator,
+            d_opt,
+            self.cfg,
+            steps=self.cfg.public_warmup_steps,
+            n_critic=self.cfg.n_critic,
+            num_classes=self.num_classes,
+            rng=self.rng,
+        )
+        self.ema = GeneratorEMA(self.generator, decay=self.cfg.ema_decay)
+        self.public_warmed = True
 
     def _noise(self) -> torch.Generator:
         seed = None if self.cfg.noise_seed < 0 else self.cfg.noise_seed * 7_919 + self.rounds_done
@@ -74,6 +95,8 @@ class FedAvgGanStrategy(Strategy):
         return [available[i] for i in self.sampler.poisson(len(available), self.sample_rate).tolist()]
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
+        if not self.public_warmed:
+            self._public_warm_start()
         out = []
         g_state, d_state = (on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
         for node in nodes:
@@ -185,6 +208,7 @@ class FedAvgGanStrategy(Strategy):
             "server_ledger": self.server_ledger.state_dict(),
             "records": self.records.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "public_warmed": self.public_warmed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -195,6 +219,7 @@ class FedAvgGanStrategy(Strategy):
         self.rounds_done = int(state["rounds_done"])
         self.records.load_state_dict(state.get("records", {}))
         self.sampler.load_state_dict(state.get("sampler", {}))
+        self.public_warmed = bool(state.get("public_warmed", True))
         if "server_ledger" in state:
             self.server_ledger = PrivacyLedger.from_state_dict(state["server_ledger"])
         else:  # a checkpoint from before the server's ledger: those rounds without amplification

@@ -79,6 +79,8 @@ class GsWganStrategy(Strategy):
         return chosen
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
+        if not self.generator.public_warmed:
+            self.generator.public_warm_start()
         out = []
         self._attached, self._sent = {}, {}
         for node in nodes:

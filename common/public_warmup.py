@@ -1,0 +1,119 @@
+"""dpGAN's warm start from public data (Zhang et al. 2018): G and D trained without noise on data
+declared public (``--public-data``, ``common/data/public.py``) before any private step.
+
+Costs no privacy: nothing private enters it. Every method uses it where its networks live (GS-WGAN:
+the server's G, with a public D that is then discarded, and each client's D before its own warm
+start; DPGAN: the curator's G and D; Fed-Avg GAN: the server's G and the first global D). The
+EMA of G starts from the warmed G. The privacy statement names the public data.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.losses import critic_step
+from common.models import sample_latent
+
+if TYPE_CHECKING:
+    from common.config import ExperimentConfig
+
+
+@functools.lru_cache(maxsize=2)
+def _public_cpu(key: str, cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
+    from common.data.public import public_arrays
+
+    images, labels = public_arrays(cfg)
+    pixels = torch.as_tensor(images, dtype=torch.uint8).to(torch.float32).div_(255.0).unsqueeze(1)
+    return pixels, torch.as_tensor(labels, dtype=torch.int64)
+
+
+def public_tensors(cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
+    """The public examples as float ``[n, 1, 28, 28]`` in [0, 1] and int64 labels (cached per process)."""
+    return _public_cpu(public_key(cfg), cfg)
+
+
+def public_key(cfg: ExperimentConfig) -> str:
+    """The config fields the public set depends on (also what a statement names)."""
+    return repr(
+        (
+            cfg.public_data,
+            cfg.public_size,
+            cfg.dataset,
+            cfg.data_dir,
+            cfg.emnist_split,
+            cfg.seed,
+            cfg.partition,
+            cfg.num_clients,
+            cfg.synthetic_samples_per_writer,
+        )
+    )
+
+
+def public_batch(cfg: ExperimentConfig, n: int, rng: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``n`` public examples drawn uniformly (with the caller's public RNG)."""
+    images, labels = public_tensors(cfg)
+    idx = torch.randint(len(labels), (n,), generator=rng)
+    return images[idx].to(device), labels[idx].to(device)
+
+
+def describe(cfg: ExperimentConfig) -> str:
+    """One sentence for the privacy statement: what was declared public and what it was used for."""
+    if not cfg.public_data:
+        return ""
+    what = {
+        "synthetic": "the embedded synthetic handwriting (its own seed, no private writer)",
+        "holdout": "a held-apart slice of the training data, in no client's partition",
+    }[cfg.public_data]
+    uses = f"a non-private warm start of {cfg.public_warmup_steps} steps" if cfg.public_warmup_steps else "no training"
+    return (
+        f"Declared public by the user ({cfg.public_size} examples): {what}; used for {uses}. Public data costs no "
+        "privacy and is outside every ε here, so it must really be public."
+    )
+
+
+def pretrain_gan(
+    G: nn.Module,
+    D: nn.Module,
+    d_optimizer: torch.optim.Optimizer,
+    cfg: ExperimentConfig,
+    *,
+    steps: int,
+    n_critic: int,
+    num_classes: int,
+    rng: torch.Generator,
+    loss: str = "wgan-gp",
+    lr: float | None = None,
+) -> None:
+    """``steps`` generator steps on public data, each after ``n_critic`` steps of D (WGAN-GP, or the
+    non-saturating loss for a DPGAN discriminator). G gets a fresh Adam (its private optimizer state
+    starts clean); D keeps the caller's optimizer."""
+    device = next(G.parameters()).device
+    g_opt = torch.optim.Adam(G.parameters(), lr=lr or cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
+    B = cfg.batch_size
+    for _ in range(steps):
+        for _ in range(max(n_critic, 1)):
+            real, real_y = public_batch(cfg, B, rng, device)
+            y = torch.randint(num_classes, (B,), generator=rng).to(device)
+            with torch.no_grad():
+                fake = G(sample_latent(B, cfg.z_dim, generator=rng).to(device), y)
+            if loss == "wgan-gp":
+                critic_step(
+                    D, d_optimizer, real, real_y, fake, y, gp_weight=cfg.gp_weight, drift=cfg.drift, generator=rng
+                )
+            else:
+                d_optimizer.zero_grad(set_to_none=True)
+                (F.softplus(-D(real, real_y)).mean() + F.softplus(D(fake, y)).mean()).backward()
+                d_optimizer.step()
+        y = torch.randint(num_classes, (B,), generator=rng).to(device)
+        fake = G(sample_latent(B, cfg.z_dim, generator=rng).to(device), y)
+        score = D(fake, y)
+        g_loss = -score.mean() if loss == "wgan-gp" else F.softplus(-score).mean()
+        g_opt.zero_grad(set_to_none=True)
+        g_loss.backward()
+        g_opt.step()
+    d_optimizer.zero_grad(set_to_none=True)
