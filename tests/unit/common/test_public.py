@@ -1,0 +1,105 @@
+"""Public data (dpGAN's warm start): what is declared public is in no client's partition, and
+training on it costs no privacy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.config import ConfigError, ExperimentConfig
+from common.data import client_arrays, clear_cache, partition_sizes
+from common.data.clients import training_set
+from common.data.public import held_out, public_arrays
+from common.data.synthetic import synthetic_writer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def test_a_holdout_is_removed_from_every_partition_before_the_split():
+    cfg = ExperimentConfig(num_clients=4, partition="iid", synthetic_writers=6, public_data="holdout", public_size=100)
+    n = len(training_set(cfg))
+    public = set(held_out(cfg, n).tolist())
+    assert len(public) == 100 and sum(partition_sizes(cfg)) == n - 100
+    images, labels = public_arrays(cfg)
+    dataset = training_set(cfg)
+    np.testing.assert_array_equal(images, dataset.images[sorted(public)])
+    private = np.concatenate([client_arrays(cfg, k)[0] for k in range(4)])
+    # no public image is any client's (compared as rows: the synthetic images are all distinct)
+    rows = {img.tobytes() for img in private}
+    assert not any(img.tobytes() in rows for img in images)
+
+
+def test_a_writer_holdout_is_writers_outside_the_federation():
+    cfg = ExperimentConfig(num_clients=3, public_data="holdout", public_size=150, synthetic_samples_per_writer=120)
+    images, labels = public_arrays(cfg)
+    assert images.shape == (150, 28, 28)
+    first, _ = synthetic_writer(3, 120, seed=cfg.seed)  # writer 3: the first after clients 0, 1, 2
+    np.testing.assert_array_equal(images[:120], first)
+    assert partition_sizes(cfg) == [120, 120, 120]  # the clients keep their whole writers
+
+
+def test_public_synthetic_data_shares_no_writer_with_a_synthetic_federation():
+    cfg = ExperimentConfig(num_clients=3, public_data="synthetic", public_size=50)
+    images, _ = public_arrays(cfg)
+    private = {img.tobytes() for k in range(3) for img in client_arrays(cfg, k)[0]}
+    assert images.shape == (50, 28, 28) and not any(img.tobytes() in private for img in images)
+
+
+def test_the_public_options_are_checked_at_the_boundary():
+    with pytest.raises(ConfigError, match="public_warmup_steps"):
+        ExperimentConfig(public_warmup_steps=5)
+    with pytest.raises(ConfigError, match="public_data"):
+        ExperimentConfig(public_data="internet")
+
+
+def test_gswgan_public_warm_start_moves_g_and_charges_nobody():
+    from common.methods.gswgan import ServerGenerator
+
+    cfg = ExperimentConfig(model="tiny", num_clients=3, public_data="synthetic", public_size=64, public_warmup_steps=2)
+    server = ServerGenerator(cfg, 10)
+    before = [p.detach().clone() for p in server.model.parameters()]
+    assert not server.public_warmed
+    server.public_warm_start()
+    assert server.public_warmed and server.ema.num_updates == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, server.model.parameters(), strict=True))
+    for a, b in zip(server.model.state_dict().values(), server.ema.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # the EMA restarts from the warmed G
+
+
+def test_gswgan_clients_warm_start_on_public_data_first_at_no_cost():
+    from client import state as client_state
+    from common.methods.gswgan import first_contact
+
+    cfg = ExperimentConfig(
+        model="tiny", num_clients=2, batch_size=8, public_data="synthetic", public_size=32, public_warmup_steps=3
+    )
+    state = client_state.new_state(cfg, 0)
+    before = [p.detach().clone() for p in state.discriminator.parameters()]
+    first_contact(state, cfg)
+    assert state.warmed_up and state.ledger.queries == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters(), strict=True))
+
+
+def test_dpgan_public_warm_start_adds_no_dp_step():
+    from common.methods.dpgan import new_node, run_round
+
+    cfg = ExperimentConfig(
+        strategy="dpgan",
+        model="tiny",
+        num_clients=2,
+        dpgan_n_d=2,
+        public_data="holdout",
+        public_size=40,
+        public_warmup_steps=2,
+    )
+    node = new_node(cfg)
+    before = [p.detach().clone() for p in node.generator.parameters()]
+    run_round(node, cfg)
+    assert node.public_warmed and node.ledger.queries == 2  # the round's n_D steps, nothing for the warm start
+    assert any(not torch.equal(a, b) for a, b in zip(before, node.generator.parameters(), strict=True))
