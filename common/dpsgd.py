@@ -48,6 +48,7 @@ from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from .grouped_clip import GroupedDPOptimizer, equal_bounds, group_norms, parameter_groups, scaled_bounds
 from .models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
 from .privacy.analysis import Event, check_delta
 
@@ -176,7 +177,11 @@ class DpDiscriminatorTrainer:
         drift: float = 0.0,
         grad_sample_mode: str = "hooks",
         generator: torch.Generator | None = None,
+        grouping: str = "none",
+        noise_form: str = "isotropic",
     ) -> None:
+        """``grouping`` other than "none" clips per parameter group (``common/grouped_clip.py``), with
+        equal bounds C/√G to start (``set_public_bounds`` re-estimates them) and ``noise_form``."""
         _check_trainer_args(loss, grad_sample_mode, noise_multiplier, max_grad_norm, sample_rate)
         self.D = D
         self.loss = loss
@@ -185,14 +190,29 @@ class DpDiscriminatorTrainer:
         self.generator = generator
         # The penalty needs torch.func per-row gradients; NS uses Opacus' own grad samplers.
         self.module = D if loss == "wgan-gp" else _wrap(D, grad_sample_mode)
-        self.optimizer = DPOptimizer(
-            torch.optim.Adam(D.parameters(), lr=lr, betas=betas),
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
-            expected_batch_size=2 * expected_batch_size,
-            loss_reduction="mean",
-            generator=generator,
-        )
+        adam = torch.optim.Adam(D.parameters(), lr=lr, betas=betas)
+        self.grouping = grouping
+        if grouping == "none":
+            self.optimizer = DPOptimizer(
+                adam,
+                noise_multiplier=noise_multiplier,
+                max_grad_norm=max_grad_norm,
+                expected_batch_size=2 * expected_batch_size,
+                loss_reduction="mean",
+                generator=generator,
+            )
+        else:
+            groups = parameter_groups(D, grouping)
+            self.optimizer = GroupedDPOptimizer(
+                adam,
+                groups=groups,
+                bounds=equal_bounds(max_grad_norm, len(groups)),
+                noise=noise_form,
+                noise_multiplier=noise_multiplier,
+                expected_batch_size=2 * expected_batch_size,
+                generator=generator,
+            )
+        self.total_bound = float(max_grad_norm)
         self.steps_taken = 0
         # Counted by the optimizer's own hook, which runs only after noise was added.
         self.optimizer.attach_step_hook(self._count_step)
@@ -235,6 +255,26 @@ class DpDiscriminatorTrainer:
             p.grad_sample = grads[name]
         with torch.no_grad():
             return self.D(fake, fake_y)
+
+    def set_public_bounds(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> list[float]:
+        """Group bounds from PUBLIC rows (public real examples and fakes): proportional to each group's
+        median per-row gradient norm, rescaled to the total bound C, so noise and ε stay as they were.
+        Nothing private enters: the rows are computed and discarded, no step is taken or charged."""
+        if not isinstance(self.optimizer, GroupedDPOptimizer):
+            raise ValueError("public clipping bounds need a parameter grouping")
+        self.optimizer.zero_grad(set_to_none=True)
+        fake = fake.detach()
+        if self.loss == "ns":
+            self._ns_backward(real, real_y, fake, fake_y)
+            rows = {p: p.grad_sample for p in self.D.parameters()}
+        else:
+            self._wgan_gp_grad_samples(real, real_y, fake, fake_y)
+            rows = {p: p.grad_sample for p in self.D.parameters()}
+        medians = group_norms(self.optimizer.groups, rows).median(dim=0).values.tolist()
+        self.optimizer.zero_grad(set_to_none=True)
+        bounds = scaled_bounds(medians, self.total_bound)
+        self.optimizer.set_bounds(bounds)
+        return bounds
 
     @contextmanager
     def hooks_off(self) -> Iterator[nn.Module]:

@@ -31,12 +31,13 @@ from common.data import load_client_partition, num_classes_for
 from common.device import resolve_device
 from common.dpac import build_classifier
 from common.dpsgd import AdaptiveND, DpClassifierTrainer, DpDiscriminatorTrainer, build_dpgan_discriminator
+from common.grouped_clip import BOUND_RULES, GROUPINGS, NOISE_FORMS
 from common.messages import StateDict, Stats
 from common.models import build_generator, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
-from common.public_warmup import pretrain_gan
+from common.public_warmup import pretrain_gan, public_batch
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
     from common.config import ExperimentConfig
@@ -62,10 +63,38 @@ class Options:
     dpgan_adaptive_threshold: float = option(0.6, "dpgan: threshold d of the adaptive n_D schedule")
     dpgan_loss: str = option("ns", f"dpgan: discriminator loss, one of {', '.join(LOSSES)}")
     dpgan_lr: float = option(2e-4, "dpgan: Adam learning rate of D and G")
+    dpgan_clip_groups: str = option(
+        "none",
+        "dpgan: dpGAN's parameter grouping, clipping each example's gradient group by group: none, weight-bias "
+        "(all weights / all biases) or layer (each tensor); the sensitivity is the norm over the groups' bounds, "
+        "which always equals dpgan-clip, so sigma and epsilon are those of flat clipping",
+    )
+    dpgan_group_bounds: str = option(
+        "equal",
+        "dpgan: the groups' bounds: equal (dpgan-clip/sqrt(groups) each) or public (dpGAN's adaptive bounds: "
+        "proportional to each group's median per-example gradient norm on a public batch, rescaled to "
+        "dpgan-clip; needs public-data; costs no privacy)",
+    )
+    dpgan_group_noise: str = option(
+        "isotropic",
+        "dpgan: the grouped noise, isotropic (sigma * dpgan-clip on every coordinate, Opacus' per-layer form) or "
+        "proportional (sigma * sqrt(groups) * C_j on group j: the same mechanism, smaller noise on small groups)",
+    )
+    dpgan_bounds_every: int = option(10, "dpgan: rounds between re-estimations of public group bounds")
 
 
 def validate(c: ExperimentConfig) -> None:
     check_choice(c, "dpgan_loss", LOSSES)
+    check_choice(c, "dpgan_clip_groups", GROUPINGS)
+    check_choice(c, "dpgan_group_bounds", BOUND_RULES)
+    check_choice(c, "dpgan_group_noise", NOISE_FORMS)
+    check(c.dpgan_bounds_every >= 1, "dpgan_bounds_every", c.dpgan_bounds_every, "must be >= 1")
+    check(
+        c.dpgan_group_bounds == "equal" or (c.public_data and c.dpgan_clip_groups != "none"),
+        "dpgan_group_bounds",
+        c.dpgan_group_bounds,
+        "public bounds need public-data and a dpgan-clip-groups other than none",
+    )
     check_all(c, ("dpgan_batch_size", "dpgan_n_d"), lambda v: v >= 1, "must be >= 1")
     check_all(c, ("dpgan_clip", "dpgan_lr"), lambda v: v > 0, "must be > 0")
     check(
@@ -233,6 +262,8 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
         loss=cfg.dpgan_loss,
         gp_weight=cfg.gp_weight,
         generator=noise,
+        grouping=cfg.dpgan_clip_groups,
+        noise_form=cfg.dpgan_group_noise,
     )
     gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     schedule = (
@@ -330,11 +361,19 @@ def _public_warm_start(node: DpganNode, cfg: ExperimentConfig) -> None:
     node.public_warmed = True
 
 
+def _public_bounds(node: DpganNode, cfg: ExperimentConfig) -> None:
+    """Re-estimate the group bounds on a public batch and B fakes (free: nothing private enters)."""
+    real, real_y = public_batch(cfg, cfg.dpgan_batch_size, node.rng, node.images.device)
+    node.trainer.set_public_bounds(real, real_y, *_fakes(node, cfg, cfg.dpgan_batch_size, grad=False))
+
+
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
     """n_D DP discriminator steps, DPAC's classifier steps, one generator step; records the noised
     steps in the ledger, returns the statistics."""
     if not node.public_warmed:
         _public_warm_start(node, cfg)
+    if cfg.dpgan_group_bounds == "public" and node.rounds % cfg.dpgan_bounds_every == 0:
+        _public_bounds(node, cfg)
     before = node.dp_steps
     stats: dict[str, float] = {}
     for _ in range(node.n_d):
@@ -372,6 +411,7 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "steps_taken": node.trainer.steps_taken,
         "sampler": node.sampler.state_dict(),
         "public_warmed": node.public_warmed,
+        "group_bounds": getattr(node.trainer.optimizer, "bounds", None),
         **_classifier_blob(node),
     }
     tmp = path.with_suffix(".tmp")
@@ -421,6 +461,8 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.sampler.load_state_dict(blob.get("sampler", {}))
         node.trainer.steps_taken = int(blob["steps_taken"])
         node.public_warmed = bool(blob.get("public_warmed", True))
+        if blob.get("group_bounds") and hasattr(node.trainer.optimizer, "set_bounds"):
+            node.trainer.optimizer.set_bounds(list(blob["group_bounds"]))
         if node.classifier is not None and "C" in blob:
             node.classifier.C.load_state_dict(blob["C"])
             node.classifier.optimizer.original_optimizer.load_state_dict(blob["c_opt"])

@@ -240,7 +240,9 @@ def gswgan_statement(
     return _assemble(list(ledgers.values()), parts, worst)
 
 
-def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str, dpac_beta: float = 1.0) -> str:
+def dpgan_statement(
+    ledger: PrivacyLedger, *, delta: float, accountant: str, dpac_beta: float = 1.0, grouping: str = ""
+) -> str:
     """Centralized DPGAN: one curator ledger, example-level (with DPAC, C's DP steps are in it)."""
     entry = client_entry(0, ledger, delta=delta, accountant=accountant)
     last = ledger.history[-1] if ledger.history else None
@@ -258,6 +260,7 @@ def dpgan_statement(ledger: PrivacyLedger, *, delta: float, accountant: str, dpa
         )
         + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
         + ". This assumes the curator node that pools the data is trusted."
+        + (f" {grouping}" if grouping else "")
     )
     return _assemble([ledger], [body, f"Rule: {RULE_DPGAN}."], eps)
 

@@ -18,6 +18,7 @@ from torch import nn
 from common.codec import PayloadError
 from common.config import ExperimentConfig
 from common.device import resolve_device
+from common.grouped_clip import grouping_sentence
 from common.messages import LEDGER, LedgerQuery
 from common.methods.dpgan import CURATOR, MSG_ROUND, DpganReply, DpganRound
 from common.models import GeneratorEMA, build_generator
@@ -144,7 +145,11 @@ class DpganStrategy(Strategy):
         }
         if final:
             report["statement"] = dpgan_statement(
-                ledger, delta=cfg.delta, accountant=cfg.accountant, dpac_beta=cfg.dpac_beta
+                ledger,
+                delta=cfg.delta,
+                accountant=cfg.accountant,
+                dpac_beta=cfg.dpac_beta,
+                grouping=grouping_sentence(cfg),
             )
         return report
 
