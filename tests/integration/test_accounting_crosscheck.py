@@ -31,6 +31,22 @@ RUNS = {
     "dpgan-dpac": dict(
         strategy="dpgan", num_clients=3, steps=3, dpgan_batch_size=16, dpgan_n_d=2, dpac_beta=0.5, dpac_init=2
     ),
+    # dpGAN's grouped clipping with public bounds and proportional noise, and a public warm start:
+    # the same (σ, q) events as the plain run above, so the same ε (test below)
+    "dpgan-grouped": dict(
+        strategy="dpgan",
+        num_clients=3,
+        steps=4,
+        dpgan_batch_size=16,
+        dpgan_n_d=3,
+        dpgan_clip_groups="layer",
+        dpgan_group_bounds="public",
+        dpgan_group_noise="proportional",
+        dpgan_bounds_every=2,
+        public_data="holdout",
+        public_size=40,
+        public_warmup_steps=2,
+    ),
     "fedavg-gan": dict(
         strategy="fedavg-gan",
         num_clients=4,
@@ -145,3 +161,17 @@ def test_the_debugging_tasks_selection_is_in_both_groups_figures(tmp_path):
         # a group of one client is "sampled" with q = 1: no amplification, recorded as such
         assert kinds[0] == "none" and len(kinds) > 1 and set(kinds[1:]) <= {"wor", "none"}
         check(amplified["epsilon"], amplified["ledger"], privacy["delta"])
+
+
+def test_grouped_clipping_and_public_data_cost_what_flat_clipping_costs(runs):
+    """The grouped run's sensitivity is √Σ C_j² = C and the public data is free: its ledger and ε are
+    the plain DPGAN run's (same σ, q, steps: the holdout is writers outside the federation)."""
+    plain, grouped = runs["dpgan"]["clients"][0], runs["dpgan-grouped"]["clients"][0]
+    assert grouped["queries"] == plain["queries"] == 12
+    (p_event,), (g_event,) = plain["ledger"]["history"], grouped["ledger"]["history"]
+    assert g_event["noise_multiplier"] == p_event["noise_multiplier"] and g_event["count"] == p_event["count"]
+    assert g_event["sample_rate"] == p_event["sample_rate"] == pytest.approx(16 / 120)  # public: other writers
+        16 / 120
+    )
+    assert "clipped per parameter group (layer" in runs["dpgan-grouped"]["statement"]
+    assert "Declared public" in runs["dpgan-grouped"]["statement"]
