@@ -168,10 +168,9 @@ def test_grouped_clipping_and_public_data_cost_what_flat_clipping_costs(runs):
     the plain DPGAN run's (same σ, q, steps: the holdout is writers outside the federation)."""
     plain, grouped = runs["dpgan"]["clients"][0], runs["dpgan-grouped"]["clients"][0]
     assert grouped["queries"] == plain["queries"] == 12
+    assert grouped["epsilon"] == pytest.approx(plain["epsilon"], rel=1e-12)
     (p_event,), (g_event,) = plain["ledger"]["history"], grouped["ledger"]["history"]
     assert g_event["noise_multiplier"] == p_event["noise_multiplier"] and g_event["count"] == p_event["count"]
     assert g_event["sample_rate"] == p_event["sample_rate"] == pytest.approx(16 / 120)  # public: other writers
-        16 / 120
-    )
     assert "clipped per parameter group (layer" in runs["dpgan-grouped"]["statement"]
     assert "Declared public" in runs["dpgan-grouped"]["statement"]
