@@ -91,9 +91,10 @@ LEVERS: dict[str, list[tuple[str, list[str]]]] = {
 
 # The source papers' further methods and options, each a row at --levers-at on top of its strategy's
 # main flags (GS-WGAN's: every lever): DPAC's ablation (Chen et al. 2023, Table 4: baseline, w/o g2r,
-# w/o r2g, w/o seq, w/o init, full), in its federated and centralized forms. The baseline of each
-# is the strategy's main row at that target.
+# w/o r2g, w/o seq, w/o init, full), in its federated and centralized forms, and dpGAN's public warm
+# start and grouped clipping. The baseline of each is the strategy's main row at that target.
 DPAC = ["--dpac-beta", "0.5"]
+PUBLIC = ["--public-data", "holdout", "--public-size", "1000"]
 VARIANTS: list[tuple[str, str, list[str]]] = [
     ("gswgan", "DPAC full (β 0.5, seq, init 100)", DPAC),
     ("gswgan", "DPAC w/o g2r (C learns from real data only)", [*DPAC, "--dpac-train", "real"]),
@@ -101,6 +102,23 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
     ("gswgan", "DPAC w/o seq (one joint step on both)", [*DPAC, "--dpac-train", "joint"]),
     ("gswgan", "DPAC w/o init", [*DPAC, "--dpac-init", "0"]),
     ("dpgan", "DPAC, centralized (C by DP-SGD, charged)", [*DPAC, "--dpac-init", "20"]),
+    # dpGAN (Zhang et al. 2018): a public warm start on a held-apart 1,000 examples, grouped clipping
+    ("gswgan", "public warm start (holdout 1,000; G 20 steps, each D 20)", [*PUBLIC, "--public-warmup-steps", "20"]),
+    ("dpgan", "public warm start (holdout 1,000; 100 steps)", [*PUBLIC, "--public-warmup-steps", "100"]),
+    ("dpgan", "grouped clipping: weight-bias, equal bounds", ["--dpgan-clip-groups", "weight-bias"]),
+    (
+        "dpgan",
+        "grouped clipping: per layer, public bounds, proportional noise",
+        [
+            *PUBLIC,
+            "--dpgan-clip-groups",
+            "layer",
+            "--dpgan-group-bounds",
+            "public",
+            "--dpgan-group-noise",
+            "proportional",
+        ],
+    ),
 ]
 
 PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
