@@ -40,7 +40,13 @@ class RunOptions:
     """What every run has, whatever its method (each method's own section lives in its slice)."""
 
     # --- what to run -------------------------------------------------------------------------
-    strategy: str = option("gswgan", f"training strategy, one of {', '.join(METHODS)}")
+    strategy: str = option(
+        "gswgan",
+        f"training strategy, one of {', '.join(METHODS)}; the source papers' further methods are options of "
+        "these: DPAC (--dpac-beta < 1) federated with gswgan and centralized with dpgan; dpGAN's public-data "
+        "warm start (--public-data, --public-warmup-steps) with all three, its grouped and adaptive clipping "
+        "(--dpgan-clip-groups, --dpgan-group-bounds) with dpgan",
+    )
     steps: int = option(300, "number of generator steps to run (one sanitized query per sampled client each)")
     seed: int = option(
         0,
