@@ -135,12 +135,15 @@ class InProcessTransport:
 
     def exchange(self, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
         """Calls each node's ClientApp in turn (``timeout_s`` has nothing to bound here)."""
-        down, replies = {}, {}
+        down, replies, errors = {}, {}, {}
         for o in outgoing:
             message = runtime_message(o.content, o.node_id, o.message_type)
             down[o.node_id] = _count(message)
-            replies[o.node_id] = self.app(message, self.contexts[o.node_id])
-        return _collect(outgoing, replies, down)
+            try:
+                replies[o.node_id] = self.app(message, self.contexts[o.node_id])
+            except Exception as err:  # noqa: BLE001 - a broken client is a failed node, not a failed run
+                errors[o.node_id] = f"client error: {type(err).__name__}: {str(err)[:300]}"
+        return _collect(outgoing, replies, down, missing=errors)
 
 
 def _count(message: Message) -> tuple[int, int]:
@@ -163,9 +166,9 @@ def _collect(
             why = missing if isinstance(missing, str) else missing.get(o.node_id, "no reply")
             incoming.append(Incoming(o.node_id, None, why))
             continue
+        if reply.has_error():  # an error reply has no content to count: checked first
+            incoming.append(Incoming(o.node_id, None, f"client error: {str(reply.error.reason)[:300]}"))
+            continue
         up[o.node_id] = _count(reply)
-        if reply.has_error():
-            incoming.append(Incoming(o.node_id, None, f"client error: {reply.error.reason}"))
-        else:
-            incoming.append(Incoming(o.node_id, reply.content))
+        incoming.append(Incoming(o.node_id, reply.content))
     return Exchange(incoming, down, up)
