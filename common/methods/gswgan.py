@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from common.calibration import ledger_epsilon, smallest_noise
@@ -148,6 +149,29 @@ def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
     sigma/sqrt(B), void when the run uses a non-private option its nodes allowed."""
     nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=batch_size)
     return PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
+
+
+# An honest row's noise exceeds 2σC(√d + TAIL) with probability below exp(-TAIL²/2) ≈ 1e-14
+# (Gaussian norm concentration: ‖ξ‖ ≤ √d + t except with probability exp(-t²/2)).
+HONEST_TAIL = 8.0
+
+
+def honest_norm_bound(cfg: ExperimentConfig) -> float:
+    """The largest per-sample norm an honest answer shows except with negligible probability: the
+    clipped gradient (≤ C) plus noise of std 2σC on each of its d coordinates."""
+    d = cfg.grad_dct**2 if cfg.grad_dct else 28 * 28
+    return cfg.clip * (1.01 + 2 * cfg.noise_multiplier * (math.sqrt(d) + HONEST_TAIL))  # 1%: float16 rounding
+
+
+def implausible_norms(grad: np.ndarray, cfg: ExperimentConfig) -> str:
+    """Why an answer cannot be honest (a row above ``honest_norm_bound``), or "": such an answer
+    would move G by what a hostile client chose (1e30 once saturated Adam's moments for good)."""
+    norms = np.sqrt(np.square(grad.reshape(grad.shape[0], -1), dtype=np.float64).sum(axis=1))
+    bound = honest_norm_bound(cfg)
+    if not np.all(norms <= bound):
+        worst = float(np.max(norms))
+        return f"a per-sample norm of {worst:.3g} exceeds {bound:.3g}, what clipping to C plus the noise allows"
+    return ""
 
 
 def client_void(cfg: ExperimentConfig) -> str:
@@ -444,7 +468,7 @@ class ServerGenerator:
         last = self.sample(batch_size, labels[n:], grad=True)
         return torch.cat([*critic, last.detach()]).cpu(), labels, last
 
-    def apply(self, attached: list[torch.Tensor], grads: list[torch.Tensor], divisor: float) -> None:
+    def apply(self, attached: list[torch.Tensor], grads: list[torch.Tensor], divisor: float) -> bool:
         """Backpropagate the clients' sanitized gradients through G, step Adam, update the EMA.
 
         Straight-through estimator: with a lossy sample encoding (uint8) the clients differentiate
@@ -453,13 +477,19 @@ class ServerGenerator:
         through ``q`` would give no signal; we treat ``q`` as the identity in the backward pass and
         apply the returned gradient at ``G(z)``. The error is at most half a level (1/510) per pixel.
         With ``grad_dct`` the clients sent DCT coefficients; they are lifted back to pixels first.
+        Returns False (no step) when G's gradient is not finite.
         """
         self.optimizer.zero_grad(set_to_none=True)
         for fake, grad in zip(attached, grads, strict=True):
             grad = to_pixels(grad, self.cfg.grad_dct) if self.cfg.grad_dct else grad
             fake.backward(grad.to(fake.device) / divisor)
+        if not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.model.parameters()):
+            # Never let a non-finite gradient into Adam's moments (they would stay non-finite).
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
         self.optimizer.step()
         self.ema.update(self.model)
+        return True
 
     def state_dict(self) -> dict:
         return {

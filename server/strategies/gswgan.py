@@ -25,7 +25,7 @@ from torch import nn
 from common.codec import GsAnswer, GsQuery, PayloadError, encode_labels, encode_samples
 from common.config import ExperimentConfig
 from common.messages import LEDGER, LedgerQuery
-from common.methods.gswgan import MSG_QUERY, ServerGenerator, planned_event
+from common.methods.gswgan import MSG_QUERY, ServerGenerator, implausible_norms, planned_event
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler
 from common.privacy.statement import (
     KIND_AMPLIFIED,
@@ -121,10 +121,12 @@ class GsWganStrategy(Strategy):
         self._attached, self._sent = {}, {}
         if grads:
             # Divide by B and by the number of sampled clients m (DESIGN.md §2, step 5).
-            self.generator.apply(attached, grads, divisor=self.cfg.batch_size * len(replies))
-            self.steps_done += 1
-            outcome.took_step = True
-            outcome.metrics = _mean_stats(stats)
+            if self.generator.apply(attached, grads, divisor=self.cfg.batch_size * len(replies)):
+                self.steps_done += 1
+                outcome.took_step = True
+                outcome.metrics = _mean_stats(stats)
+            else:
+                outcome.notes.append(f"step {step}: the generator's gradient was not finite; step skipped")
         return outcome
 
     def released_generator(self) -> nn.Module:
@@ -162,6 +164,11 @@ class GsWganStrategy(Strategy):
         # The smaller noise multiplier of what was asked and what the client says it ran.
         nm = min(planned.noise_multiplier, answer.noise_multiplier)
         self._charge(reply.node_id, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=planned.void))
+        implausible = implausible_norms(answer.grad, self.cfg)
+        if implausible:  # charged (it was released), but not applied
+            outcome.failed_nodes.append(reply.node_id)
+            outcome.notes.append(f"node {reply.node_id} sent an answer no honest client sends, ignored: {implausible}")
+            return None
         return answer, answer.grad
 
     # --- the clients' own ledgers --------------------------------------------------------------

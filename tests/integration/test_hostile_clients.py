@@ -1,0 +1,86 @@
+"""One hostile or broken client never stops a run, freezes the generator or rewrites another
+client's report (issue 14). Each rogue is a ClientApp wrapper on the in-process transport: one
+partition answers with whatever the test wants, the others are honest."""
+
+from __future__ import annotations
+
+from flwr.app import Error, Message
+
+from client.app import app as client_app
+from tests.integration.test_loop_inprocess import cfg_for, run_inprocess
+
+ROGUE = 1
+
+
+def _rogue(answer):
+    """A ClientApp whose partition ROGUE answers GS-WGAN queries with ``answer(message, context, honest)``."""
+
+    def app(message, context):
+        if context.node_config["partition-id"] == ROGUE and message.metadata.message_type == "train.gswgan":
+            return answer(message, context)
+        return client_app(message, context)
+
+    return app
+
+
+def _raises(message, context):
+    raise KeyError("pixels")  # e.g. a FEMNIST writer without its pixels
+
+
+def _error_reply(message, context):
+    return Message(Error(code=1, reason="the ClientApp failed"), reply_to=message)
+
+
+def test_a_client_that_raises_or_answers_an_error_is_marked_failed_and_the_run_goes_on(tmp_path):
+    for name, behaviour, cause in (("raise", _raises, "KeyError: 'pixels'"), ("error", _error_reply, "ClientApp failed")):
+        cfg = cfg_for(tmp_path, name, steps=8)
+        _, summary = run_inprocess(cfg, app=_rogue(behaviour))
+        assert summary["status"] == "completed" and summary["steps_completed"] == 8, name
+        rogue = summary["clients"][ROGUE]
+        assert rogue["status"] == "failed" and cause in " ".join(summary["notes"]), name
+
+
+def _huge(message, context):
+    """An answer of the right shape and encoding, every row of norm ~1e30 (finite)."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    reply = client_app(message, context)
+    grad = np.full((8, 1, 28, 28), 1e30 / 28, np.float32)
+    reply.content["arrays"] = ArrayRecord({"grad": Array(grad)})
+    reply.content.config_records["scalars"]["grad_encoding"] = "float32"
+    return reply
+
+
+def test_an_answer_no_honest_client_can_send_is_dropped_and_the_generator_keeps_learning(tmp_path):
+    """1e30-norm rows used to saturate Adam's second moment (inf) and freeze G for good."""
+    import torch
+
+    from server.reporting import RunDirectory
+
+    cfg = cfg_for(tmp_path, steps=10)
+    run, summary = run_inprocess(cfg, app=_rogue(_huge))
+    assert summary["status"] == "completed"
+    assert any("no honest client sends" in n and "exceeds" in n for n in summary["notes"])
+    assert summary["clients"][ROGUE]["status"] == "failed"
+    state = RunDirectory.open_existing(cfg.out)[0].load_checkpoint()
+    generator = state["strategy"]["generator"]
+    moments = [v for s in generator["optimizer"]["state"].values() for v in s.values() if torch.is_tensor(v)]
+    assert moments and all(bool(torch.isfinite(m).all()) for m in moments)
+    assert all(bool(torch.isfinite(w).all()) for w in generator["model"].values())
+
+
+def test_the_honest_bound_holds_for_honest_answers():
+    """No honest answer is ever dropped: rows of pure noise at the bound's own σ stay far below it."""
+    import numpy as np
+
+    from common.config import ExperimentConfig
+    from common.methods.gswgan import honest_norm_bound, implausible_norms
+
+    for sigma, dct in ((0.0, 0), (1.07, 0), (6.0, 8)):
+        cfg = ExperimentConfig(noise_multiplier=sigma, grad_dct=dct)
+        d = dct * dct if dct else 784
+        rows = np.random.default_rng(0).normal(0, 2 * sigma, (2000, d)).astype(np.float32)
+        rows[:, 0] += 1.0  # a clipped gradient of norm C = 1 in one direction
+        assert implausible_norms(rows, cfg) == ""
+        assert implausible_norms(rows * 0 + honest_norm_bound(cfg), cfg) != ""
