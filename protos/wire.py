@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ ARRAYS_KEY = "arrays"
 SUPERLINK_NODE_ID = 1  # Flower's fixed node id of the server side
 WIDEST_ID = 2**64 - 1
 RAW_STYPE = "raw"  # Array.data is the bare C-order little-endian bytes; dtype and shape are in the Array
+NUMPY_STYPE = "numpy.ndarray"  # Flower's own serialization: an .npy file (header included)
 P = TypeVar("P")
 
 
@@ -108,8 +110,8 @@ def decode(cls: type[P], content: RecordDict | None, **expect: Any) -> P:
         payload = cls(**kwargs)
     except PayloadError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise PayloadError(f"{cls.__name__}: malformed message ({type(err).__name__}: {err})") from err
+    except Exception as err:  # noqa: BLE001 - at the boundary, any failure to decode is a malformed message
+        raise PayloadError(f"{cls.__name__}: malformed message ({type(err).__name__}: {str(err)[:200]})") from err
     return payload.decoded(**expect) if expect else payload
 
 
@@ -158,15 +160,28 @@ def raw_array(value: np.ndarray) -> Array:
 
 def array_to_numpy(name: str, array: Array) -> np.ndarray:
     """Array -> numpy for both serializations (``raw`` and Flower's .npy); PayloadError if malformed."""
+    if array.stype == NUMPY_STYPE:
+        try:  # Flower's .npy serialization (np.load without pickles)
+            value = array.numpy()
+        except Exception as err:  # noqa: BLE001 - whatever the bytes make np.load raise, the array is malformed
+            raise PayloadError(f"{name} is not a valid .npy array ({type(err).__name__}: {err})") from err
+        if value.dtype.kind not in "biuf":
+            raise PayloadError(f"{name} has dtype {value.dtype}; only numeric arrays are accepted")
+        return value
     if array.stype != RAW_STYPE:
-        return array.numpy()
+        raise PayloadError(
+            f"{name} has unknown serialization {array.stype!r} (expected {RAW_STYPE!r} or {NUMPY_STYPE!r})"
+        )
     try:
         dtype = np.dtype(array.dtype).newbyteorder("<")
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise PayloadError(f"{name} has unknown dtype {array.dtype!r}") from err
     if dtype.kind not in "biuf":
         raise PayloadError(f"{name} has dtype {array.dtype!r}; only numeric arrays are accepted")
-    expected = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+    shape = tuple(array.shape)
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise PayloadError(f"{name} has an invalid shape {shape}")
+    expected = math.prod(shape) * dtype.itemsize  # Python integers: a lying shape cannot overflow
     if len(array.data) != expected:
         raise PayloadError(
             f"{name} carries {len(array.data)} bytes, its shape {tuple(array.shape)} and dtype "

@@ -114,3 +114,20 @@ def test_arrays_travel_without_the_npy_header_and_bad_raw_arrays_are_rejected():
         content["arrays"] = ArrayRecord({"x": bad})
         with pytest.raises(PayloadError, match=match):
             wire.decode(Grid, content)
+
+
+def test_lying_or_foreign_arrays_are_payload_errors_never_crashes():
+    """Issue 14, item 3: a non-raw Array whose bytes are no .npy file, an unknown stype, a shape whose
+    size overflows 64 bits, a negative dimension: each a PayloadError naming the array."""
+    x = np.zeros((3, 4), np.float32)
+    huge = (2**32, 2**32, 2**32)  # its size wraps to 0 in int64 arithmetic: an empty buffer "fits"
+    for bad, match in [
+        (Array(dtype="float32", shape=(3, 4), stype="numpy.ndarray", data=b"not an npy file"), "not a valid .npy"),
+        (Array(dtype="float32", shape=(3, 4), stype="pickle", data=x.tobytes()), "unknown serialization"),
+        (Array(dtype="float32", shape=huge, stype="raw", data=b""), "need"),
+        (Array(dtype="float32", shape=(-3, -4), stype="raw", data=x.tobytes()), "invalid shape"),
+    ]:
+        content = wire.encode(Grid(x=x))
+        content["arrays"] = ArrayRecord({"x": bad})
+        with pytest.raises(PayloadError, match=match):
+            wire.decode(Grid, content)
