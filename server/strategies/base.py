@@ -59,6 +59,9 @@ class PriorReleases:
     description: str = ""
 
 
+MAX_LEDGER_CHARS = 1_000_000  # a ledger merges repeated events: even 10^5 distinct ones fit
+
+
 @dataclass
 class CarriedLedger:
     """The ``ledger`` field of any reply that carries one (hello, ledger, a DPGAN round)."""
@@ -66,15 +69,22 @@ class CarriedLedger:
     ledger: str | None = None
 
 
-def ledger_from_reply(reply: Incoming) -> PrivacyLedger | None:
-    """The client ledger a reply carries (None: none, or unreadable)."""
+def ledger_from_reply(reply: Incoming) -> tuple[PrivacyLedger | None, str]:
+    """The client ledger a reply carries, or None and why not ("" when it carries none).
+
+    A ledger is the node's own claim: any reply that does not parse into valid events (garbled JSON,
+    a wrong structure, an overflowing count) is unreadable, never fatal."""
     if reply.content is None:
-        return None
+        return None, ""
     try:
         text = wire.decode(CarriedLedger, reply.content).ledger
-        return None if text is None else PrivacyLedger.from_state_dict(json.loads(text))
-    except (PayloadError, ValueError, KeyError, TypeError):
-        return None
+        if text is None:
+            return None, ""
+        if len(text) > MAX_LEDGER_CHARS:
+            return None, f"its ledger is {len(text):,} characters (at most {MAX_LEDGER_CHARS:,} are read)"
+        return PrivacyLedger.from_state_dict(json.loads(text)), ""
+    except (PayloadError, ValueError, KeyError, TypeError, OverflowError, AttributeError, RecursionError) as err:
+        return None, f"its ledger is unreadable ({type(err).__name__}: {str(err)[:120]})"
 
 
 class Strategy(ABC):

@@ -40,7 +40,9 @@ class ClientRecords:
         notes = []
         for reply in replies:
             cid = node_client.get(reply.node_id)
-            own = ledger_from_reply(reply)
+            own, problem = ledger_from_reply(reply)
+            if problem:
+                notes.append(f"node {reply.node_id} (client {cid}): {problem}; the server's record of it is reported")
             if cid is None or own is None:
                 continue
             self.own[cid] = own

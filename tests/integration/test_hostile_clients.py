@@ -84,3 +84,32 @@ def test_the_honest_bound_holds_for_honest_answers():
         rows[:, 0] += 1.0  # a clipped gradient of norm C = 1 in one direction
         assert implausible_norms(rows, cfg) == ""
         assert implausible_norms(rows * 0 + honest_norm_bound(cfg), cfg) != ""
+
+
+def _garbled_ledger(text):
+    def app(message, context):
+        reply = client_app(message, context)
+        if context.node_config["partition-id"] == ROGUE and message.metadata.message_type == "query.ledger":
+            reply.content.config_records["scalars"]["ledger"] = text
+        return reply
+
+    return app
+
+
+def test_a_garbled_ledger_reply_is_noted_and_the_report_is_still_written(tmp_path):
+    import json
+
+    garbage = [
+        "not json",
+        "[]",
+        json.dumps({"format": 1, "history": 5}),
+        json.dumps({"format": 1, "history": [{"noise_multiplier": 1.0, "sample_rate": 1.0, "count": 1e400}]}),
+    ]
+    for i, text in enumerate(garbage):
+        cfg = cfg_for(tmp_path, f"run{i}", steps=4)
+        run, summary = run_inprocess(cfg, app=_garbled_ledger(text))
+        assert summary["status"] == "completed", text
+        assert (run.path / "privacy.json").exists() and (run.path / "summary.json").exists()
+        assert any(f"(client {ROGUE})" in n and "ledger" in n for n in summary["notes"]), (text, summary["notes"])
+        # the rogue's figure is the server's own record of what it sent (never the garbage)
+        assert summary["clients"][ROGUE]["queries"] >= 0
