@@ -174,14 +174,23 @@ def _round(
         state.last_metrics = outcome.metrics
     state.exhausted.update(outcome.exhausted_nodes)
     state.failed.update(outcome.failed_nodes)
-    errors = {r.node_id: r.error for r in exchange.replies if r.error}
+    errors = {r.node_id: bounded(r.error) for r in exchange.replies if r.error}
     for node in outcome.failed_nodes:
         reason = errors.get(node) or "malformed answer (see notes)"
         state.failures[_client_key(strategy, node)] = f"step {step}: {reason}"
     for note in outcome.notes:
+        note = bounded(note)  # a note may quote a client's words: never let one flood the log or checkpoint
         tqdm.write(f"[step {step}] {note}")
         state.notes.append(f"step {step}: {note}")
     return outcome.took_step, bool(selected)
+
+
+MAX_NOTE_CHARS = 500
+
+
+def bounded(text: str, limit: int = MAX_NOTE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was dropped."""
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit:,} more characters dropped]"
 
 
 def _client_key(strategy: Strategy, node: int) -> int:

@@ -117,7 +117,7 @@ class GsWganStrategy(Strategy):
             answer, grad = accepted
             grads.append(torch.from_numpy(grad))
             attached.append(self._attached[reply.node_id])
-            stats.append(answer.stats)
+            stats.append(requested_stats(answer.stats, self.cfg.client_stats))
         self._attached, self._sent = {}, {}
         if grads:
             # Divide by B and by the number of sampled clients m (DESIGN.md §2, step 5).
@@ -245,6 +245,17 @@ class GsWganStrategy(Strategy):
         else:  # its sampling was not recorded: claim no amplification for those steps (conservative)
             self.server_ledger = PrivacyLedger([self.planned.times(self.steps_done)] if self.steps_done else [])
         self.sampler.load_state_dict(state.get("sampler", {}))
+
+
+CLIENT_STAT_KEYS = 16  # what --client-stats sends: the critic's statistics and two gradient figures
+
+
+def requested_stats(stats: dict[str, float], asked: bool) -> dict[str, float]:
+    """The statistics the run asked for: none without --client-stats (a client sending them anyway is
+    ignored), else at most CLIENT_STAT_KEYS short names."""
+    if not asked:
+        return {}
+    return {k[:40]: v for k, v in sorted(stats.items())[:CLIENT_STAT_KEYS]}
 
 
 def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:

@@ -32,7 +32,10 @@ def _error_reply(message, context):
 
 
 def test_a_client_that_raises_or_answers_an_error_is_marked_failed_and_the_run_goes_on(tmp_path):
-    for name, behaviour, cause in (("raise", _raises, "KeyError: 'pixels'"), ("error", _error_reply, "ClientApp failed")):
+    for name, behaviour, cause in (
+        ("raise", _raises, "KeyError: 'pixels'"),
+        ("error", _error_reply, "ClientApp failed"),
+    ):
         cfg = cfg_for(tmp_path, name, steps=8)
         _, summary = run_inprocess(cfg, app=_rogue(behaviour))
         assert summary["status"] == "completed" and summary["steps_completed"] == 8, name
@@ -113,3 +116,36 @@ def test_a_garbled_ledger_reply_is_noted_and_the_report_is_still_written(tmp_pat
         assert any(f"(client {ROGUE})" in n and "ledger" in n for n in summary["notes"]), (text, summary["notes"])
         # the rogue's figure is the server's own record of what it sent (never the garbage)
         assert summary["clients"][ROGUE]["queries"] >= 0
+
+
+def _chatty(message, context):
+    """An answer carrying 20,000 statistics nobody asked for."""
+    from flwr.app import ConfigRecord
+
+    reply = client_app(message, context)
+    reply.content["stats"] = ConfigRecord({f"k{i}": float(i) for i in range(20_000)})
+    return reply
+
+
+def _long_refusal(message, context):
+    from common.codec import GsAnswer, GsQuery
+    from protos import wire
+
+    query = wire.decode(GsQuery, message.content)
+    return wire.reply(GsAnswer(step=query.step, refused=True, reason="x" * 5_000_000), message)
+
+
+def test_what_was_not_asked_for_is_dropped_and_a_long_reason_is_bounded(tmp_path):
+    import json
+
+    cfg = cfg_for(tmp_path, "chatty", steps=6)
+    run, summary = run_inprocess(cfg, app=_rogue(_chatty))
+    lines = (run.path / "metrics.jsonl").read_text().splitlines()
+    assert summary["status"] == "completed" and not any('"train/k1' in line for line in lines)
+    assert max(len(line) for line in lines) < 20_000
+    cfg = cfg_for(tmp_path, "refusal", steps=6)
+    run, summary = run_inprocess(cfg, app=_rogue(_long_refusal))
+    notes = [n for n in summary["notes"] if "xxxx" in n]
+    assert notes and all(len(n) < 700 for n in notes) and "characters dropped" in notes[0]
+    assert (run.path / "checkpoint.pt").stat().st_size < 2_000_000
+    assert len(json.dumps(json.loads((run.path / "summary.json").read_text()))) < 1_000_000

@@ -347,9 +347,7 @@ def _dp_adam_run(clip: float, *, optimizer: str = "adam", steps: int = 4) -> Ten
     """D's weights after ``steps`` DP steps at bound ``clip``, everything else (data, noise draws) equal."""
     torch.manual_seed(0)
     D = TinyCritic()
-    trainer = _trainer(
-        D, noise_multiplier=1.0, max_grad_norm=clip, lr=1e-2, generator=torch.Generator().manual_seed(7)
-    )
+    trainer = _trainer(D, noise_multiplier=1.0, max_grad_norm=clip, lr=1e-2, generator=torch.Generator().manual_seed(7))
     if optimizer == "sgd":  # the same DP optimizer around plain SGD
         trainer.optimizer.original_optimizer = torch.optim.SGD(D.parameters(), lr=1.0)
     g = torch.Generator().manual_seed(3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.config import ConfigError, ExperimentConfig
-from common.data import client_arrays, clear_cache, partition_sizes
+from common.data import clear_cache, client_arrays, partition_sizes
 from common.data.clients import training_set
 from common.data.public import held_out, public_arrays
 from common.data.synthetic import synthetic_writer
