@@ -362,7 +362,8 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
         f"The source papers' further methods at target ε = {target:g} (each on top of its strategy's main row, "
         "the baseline; DPAC's ablation follows Chen et al. 2023, Table 4):",
         "",
-        "| strategy | row | ε spent | σ | FID (N) | domain FID | IS | gen2real CNN / MLP | real2gen CNN / MLP | wall s |",
+        "| strategy | row | ε spent | σ | FID (N) | domain FID | IS | gen2real CNN / MLP "
+        "| real2gen CNN / MLP | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy in dict.fromkeys(r["strategy"] for r in variants):
