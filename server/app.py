@@ -66,6 +66,7 @@ def main(grid: Grid, context: Context) -> None:
 
     cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
     run = RunDirectory.create(cfg)
+    run.lock()
     control = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
     try:
         if cfg.dataplane == "flower":

@@ -10,6 +10,7 @@ Every file that a crash could leave half-written is written to a temporary name 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -90,9 +91,42 @@ def check_new_run_dir(path: Path) -> None:
         )
 
 
+_HELD_LOCKS: dict[Path, Any] = {}  # run directory -> the open, locked file (held until the process exits)
+LOCK_FILE = ".lock"
+
+
 class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
+
+    def lock(self) -> None:
+        """Become the only process driving this run directory (an exclusive lock on ``.lock``, held
+        until this process exits; taking it twice in one process is a no-op). Two writers would
+        interleave checkpoints and lose ledger entries, so a second one is refused, naming the holder."""
+        if self.path in _HELD_LOCKS:
+            return
+        handle = open(self.path / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's lifetime
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunDirectoryError(
+                f"run directory {self.path} is in use by another fedgan process (pid {holder}); wait for it "
+                "to finish or stop it before resuming"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        _HELD_LOCKS[self.path] = handle
+
+    def unlock(self) -> None:
+        """Let another process drive this run directory (the end of a run, or a CLI call in a test)."""
+        handle = _HELD_LOCKS.pop(self.path, None)
+        if handle is not None:
+            handle.close()  # closing the file releases the lock
 
     @classmethod
     def create(cls, cfg: ExperimentConfig, *, state_dir: str | Path | None = None) -> RunDirectory:
@@ -137,12 +171,26 @@ class RunDirectory:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [
-            line
-            for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= after_step
-        ]
+        keep = [line for line, record in self._metric_lines() if record.get("step", 0) <= after_step]
         atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The metric records, skipping a torn line (a process killed mid-write leaves one)."""
+        return [record for _, record in self._metric_lines()]
+
+    def _metric_lines(self) -> list[tuple[str, dict[str, Any]]]:
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return []
+        lines = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                record = None  # torn or garbled: dropped (resume rewrites the file without it)
+            if isinstance(record, dict):
+                lines.append((line, record))
+        return lines
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         tmp = self.path / (CHECKPOINT + ".tmp")

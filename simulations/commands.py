@@ -66,13 +66,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             cfg = prepare(resolve_config(args))
             run = RunDirectory.create(cfg)
+            run.lock()
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"run directory: {run.path}", flush=True)
     from .experiments.simulate import simulate
 
-    return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
+    try:
+        return simulate(cfg, run, resume=bool(args.resume), transport=args.transport)
+    finally:
+        run.unlock()
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -108,6 +112,7 @@ def _resume_target(args: argparse.Namespace):
     from server.reporting import RunDirectory
 
     run, cfg = RunDirectory.open_existing(args.resume)
+    run.lock()  # before anything is read or rewritten: another process may be driving it
     run.load_checkpoint()  # fail now, with the path, if there is nothing to resume
     names = {f.name for f in dataclasses.fields(ExperimentConfig)}
     changes = {k: v for k, v in vars(args).items() if k in names}

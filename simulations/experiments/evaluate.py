@@ -260,11 +260,7 @@ def _snapshot_curve(
 def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict) -> dict[str, Any]:
     folder = run.path / "plots"
     folder.mkdir(exist_ok=True)
-    metrics = (
-        [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        if (run.path / "metrics.jsonl").exists()
-        else []
-    )
+    metrics = run.read_metrics()
     plots = {
         "epsilon_per_client": plot_epsilon_per_client(summary, folder / "epsilon_per_client.png"),
         "training_curves": plot_training_curves(metrics, folder / "training_curves.png", delta=cfg.delta),
