@@ -71,8 +71,19 @@ def own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str, version: i
     return load_ledger(cfg, client_id, state_dir, version)
 
 
+def client_threads() -> int:
+    """Threads a client computes with: FEDGAN_CLIENT_THREADS, else the standard OMP_NUM_THREADS, else
+    every core. With the in-process transport the clients share the server's process, so two runs
+    side by side each need a smaller number (one each on two cores)."""
+    for name in ("FEDGAN_CLIENT_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return os.cpu_count() or 1
+
+
 def use_client_threads() -> None:
-    torch.set_num_threads(max(1, int(os.environ.get("FEDGAN_CLIENT_THREADS", os.cpu_count() or 1))))
+    torch.set_num_threads(client_threads())
 
 
 class Node:

@@ -76,6 +76,11 @@ def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
     --target-epsilon calibration."""
     from common.data import check_partition_sizes
     from common.device import resolve_device
+    from common.methods import core
 
     resolve_device(cfg.device)  # ValueError naming the device and what to use instead
-    return calibrate(cfg, pooled_size=sum(check_partition_sizes(cfg)))
+    sizes = check_partition_sizes(cfg)
+    check_sizes = getattr(core(cfg.strategy), "check_sizes", None)
+    if check_sizes is not None:  # a method's own checks against the data (ConfigError naming the field)
+        check_sizes(cfg, sizes)
+    return calibrate(cfg, pooled_size=sum(sizes))

@@ -145,12 +145,14 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from common.data import DataError, check_partition_sizes
 
-    from .experiments.compare import compare, format_comparison
+    from .experiments.compare import STRATEGY_ORDER, compare, format_comparison
 
     try:
         apply_node_policy(args)
         cfg = resolve_config(args)
         check_partition_sizes(cfg)
+        for name in STRATEGY_ORDER:  # every strategy's own checks now, not after the others trained
+            prepare(cfg.replace(strategy=name))
     except (ConfigError, DataError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -168,6 +168,17 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     )
 
 
+def check_sizes(cfg: ExperimentConfig, sizes: list[int]) -> None:
+    """The curator pools every partition: its expected batch B must not exceed the pooled N (q = B/N
+    would exceed 1, and each step would process the whole data set several times over)."""
+    check(
+        cfg.dpgan_batch_size <= sum(sizes),
+        "dpgan_batch_size",
+        cfg.dpgan_batch_size,
+        f"larger than the pooled data ({sum(sizes)} examples)",
+    )
+
+
 def classifier_dp_steps(cfg: ExperimentConfig, rounds: int) -> int:
     """DP-SGD steps DPAC's classifier takes in ``rounds`` rounds: its init, then one per round
     unless it learns from generated data only (those steps are free)."""

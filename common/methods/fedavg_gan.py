@@ -25,8 +25,9 @@ from common.codec import PayloadError
 from common.dp_fedavg import Delta, flatten_delta
 from common.losses import critic_step
 from common.messages import StateDict
+from common.methods import core
 from common.models import build_discriminator, build_generator, device_of, on_cpu, sample_latent
-from common.options import check_all, option
+from common.options import check, check_all, option
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_RAW_DELTA
 
@@ -61,6 +62,13 @@ class Options:
 
 def validate(c: ExperimentConfig) -> None:
     check_all(c, ("fedavg_clients_per_round", "local_steps", "server_g_steps"), lambda v: v >= 1, "must be >= 1")
+    if core(c.strategy).__name__ == __name__:  # only a Fed-Avg run samples m clients per round
+        check(
+            c.fedavg_clients_per_round <= len(c.participants()),
+            "fedavg_clients_per_round",
+            c.fedavg_clients_per_round,
+            f"more than the {len(c.participants())} clients taking part",
+        )
     check_all(c, ("fedavg_lr_d", "fedavg_lr_g", "fedavg_clip"), lambda v: v > 0, "must be > 0")
     check_all(c, ("fedavg_noise_multiplier",), lambda v: v >= 0, "must be >= 0")
 

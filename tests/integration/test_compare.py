@@ -33,3 +33,13 @@ def test_compare_calibrates_every_strategy_to_one_target(tmp_path):
     configs = {name: json.loads((out / name / "config.json").read_text()) for name in by_name}
     assert configs["gswgan"]["client_epsilon_budget"] == 20
     assert configs["gswgan"]["noise_multiplier"] != 1.07 and configs["fedavg-gan"]["fedavg_noise_multiplier"] != 0.01
+
+
+def test_compare_checks_every_strategy_before_training_any(tmp_path, capsys):
+    """Issue 14, item 11: fewer clients than Fed-Avg's m per round used to fail after GS-WGAN and
+    DPGAN had trained (exit 1, run directory left): now exit 2 at once, nothing written."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *tiny_flags(num_clients=3, fedavg_clients_per_round=5, out=out)]) == 2
+    assert "fedavg_clients_per_round=5" in capsys.readouterr().err and not out.exists()
+    assert main(["compare", *tiny_flags(num_clients=3, dpgan_batch_size=10_000, out=out)]) == 2
+    assert "dpgan_batch_size=10000" in capsys.readouterr().err and not out.exists()

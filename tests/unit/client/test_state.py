@@ -151,3 +151,19 @@ def test_loading_leaves_the_global_rng_and_threads_alone(cfg, tmp_path):
     torch.manual_seed(123)
     client_state.load_state(cfg, 6, tmp_path, version=1)
     assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
+
+
+def test_client_threads_respect_the_standard_variables(monkeypatch):
+    """Issue 14, item 17: FEDGAN_CLIENT_THREADS, else OMP_NUM_THREADS, else every core."""
+    import os
+
+    from client.node import client_threads
+
+    monkeypatch.delenv("FEDGAN_CLIENT_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert client_threads() == 1
+    monkeypatch.setenv("FEDGAN_CLIENT_THREADS", "3")
+    assert client_threads() == 3
+    monkeypatch.delenv("FEDGAN_CLIENT_THREADS")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert client_threads() == (os.cpu_count() or 1)
