@@ -35,13 +35,18 @@ class RunIncomplete(RuntimeError):
 
 
 def make_server_app(
-    server_fn: Callable[[FlowerTransport], Any], result: RunResult, *, on_pushed: Callable[[], None] | None = None
+    server_fn: Callable[[FlowerTransport], Any],
+    result: RunResult,
+    *,
+    on_pushed: Callable[[], None] | None = None,
+    reply_timeout_s: float = 300.0,
 ) -> ServerApp:
     """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.
 
     Used by ``fedgan simulate`` and ``fedgan debug-task``, whose configuration is resolved before
     Flower starts; exceptions are kept in ``result`` for the CLI to report with its exit code.
-    ``on_pushed`` is handed to the transport (the simulation runtime's wake-up after each push).
+    ``on_pushed`` is handed to the transport (the simulation runtime's wake-up after each push), and
+    ``reply_timeout_s`` (the run's ``--reply-timeout-s``) bounds each wait for replies.
     """
     server_app = ServerApp()
 
@@ -49,7 +54,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         try:
-            result.summary = server_fn(FlowerTransport(grid, on_pushed=on_pushed))
+            result.summary = server_fn(FlowerTransport(grid, timeout_s=reply_timeout_s, on_pushed=on_pushed))
         except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
             result.error = err
 

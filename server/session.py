@@ -30,6 +30,10 @@ BROADCAST_CHUNK = 128
 # and charged itself, after the server stopped waiting), but only this long: a dead node must not
 # hold the report back by a whole reply timeout.
 BEST_EFFORT_TIMEOUT_S = 30.0
+# The hello is a start-up exchange: nodes may still be starting (actors, a worker importing torch,
+# loading its partition), so it waits at least this long whatever --reply-timeout-s says (a small
+# reply timeout, meant for the per-step replies, used to break start-up).
+HELLO_TIMEOUT_S = 120.0
 
 
 class NodeRefused(RuntimeError):
@@ -63,7 +67,8 @@ def hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: li
     nodes do not hold exactly the partitions 0..num_clients-1.
     """
     greeting = wire.encode(Hello(config=json.dumps(cfg.to_dict()), state_dir=state_dir))
-    exchange = exchange_in_chunks(transport, [Outgoing(n, HELLO, greeting) for n in nodes])
+    timeout_s = max(cfg.reply_timeout_s, HELLO_TIMEOUT_S)
+    exchange = exchange_in_chunks(transport, [Outgoing(n, HELLO, greeting) for n in nodes], timeout_s=timeout_s)
     mapping, holders, refusals = {}, set(), []
     for reply in exchange.replies:
         answer = _decode_hello(reply)

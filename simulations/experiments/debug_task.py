@@ -115,6 +115,7 @@ def debug_task(
         cfg.num_clients,
         lambda t: select_suspects(cfg, state_dir, classifier, t, noise_multiplier=selection_noise),
         transport,
+        reply_timeout_s=cfg.reply_timeout_s,
     )
     if error is not None:
         raise error
@@ -157,7 +158,10 @@ def _train_group(
     )
     run = RunDirectory.create(group_cfg, state_dir=state_dir)
     summary, error = run_on_transport(
-        cfg.num_clients, lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior), transport
+        cfg.num_clients,
+        lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior),
+        transport,
+        reply_timeout_s=cfg.reply_timeout_s,
     )
     if error is not None:
         raise error

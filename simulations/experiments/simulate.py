@@ -69,7 +69,8 @@ def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop:
 
 
 def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
-    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "flower-simulation"), "flower")
+    server_fn = _experiment_fn(cfg, run, resume, stop, "flower-simulation")
+    return run_on_transport(cfg.num_clients, server_fn, "flower", reply_timeout_s=cfg.reply_timeout_s)
 
 
 def _experiment_fn(cfg, run, resume, stop, name):
@@ -79,11 +80,19 @@ def _experiment_fn(cfg, run, resume, stop, name):
 
 
 def run_on_transport(
-    num_clients: int, server_fn: Callable[[Any], T], transport: str
+    num_clients: int,
+    server_fn: Callable[[Any], T],
+    transport: str,
+    *,
+    reply_timeout_s: float = 300.0,
+    client_app: Any = None,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
-    (one SuperNode per client) or by calling the ClientApp in-process. Returns (result, error)."""
-    from client.app import app as client_app
+    (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed) or by
+    calling the ClientApp in-process. Returns (result, error). ``client_app``: the project's unless
+    a test passes another."""
+    if client_app is None:
+        from client.app import app as client_app
 
     if transport == "inprocess":
         from server.transport import InProcessTransport
@@ -109,7 +118,7 @@ def run_on_transport(
     try:
         with prompt_message_delivery() as on_pushed:
             run_simulation(
-                server_app=make_server_app(server_fn, result, on_pushed=on_pushed),
+                server_app=make_server_app(server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s),
                 client_app=client_app,
                 num_supernodes=num_clients,
                 backend_config=backend,

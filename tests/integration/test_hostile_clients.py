@@ -149,3 +149,28 @@ def test_what_was_not_asked_for_is_dropped_and_a_long_reason_is_bounded(tmp_path
     assert notes and all(len(n) < 700 for n in notes) and "characters dropped" in notes[0]
     assert (run.path / "checkpoint.pt").stat().st_size < 2_000_000
     assert len(json.dumps(json.loads((run.path / "summary.json").read_text()))) < 1_000_000
+
+
+def test_simulate_marks_a_client_silent_beyond_the_reply_timeout_as_failed(tmp_path):
+    """Issue 14, item 6: Flower's simulation transport ignored --reply-timeout-s (a client sleeping 40 s
+    a step was waited for at every step)."""
+    import time
+
+    from server.reporting import RunDirectory
+    from simulations.experiments.simulate import _experiment_fn, run_on_transport
+
+    def sleepy(message, context):
+        if context.node_config["partition-id"] == ROGUE and message.metadata.message_type == "train.gswgan":
+            time.sleep(8)
+        return client_app(message, context)
+
+    cfg = cfg_for(tmp_path, steps=3, num_clients=2, reply_timeout_s=2.0)
+    run = RunDirectory.create(cfg)
+    start = time.monotonic()
+    summary, error = run_on_transport(
+        2, _experiment_fn(cfg, run, False, None, "flower-simulation"), "flower", reply_timeout_s=2.0, client_app=sleepy
+    )
+    assert error is None, error
+    rogue = summary["clients"][ROGUE]
+    assert rogue["status"] == "failed" and "no reply within 2 s" in str(rogue), rogue
+    assert time.monotonic() - start < 120
