@@ -287,10 +287,22 @@ def load_toml_values(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
-    return dict(data.get("experiment", data))
+    if "experiment" not in data:
+        return dict(data)
+    if not isinstance(data["experiment"], dict):
+        raise ConfigError(f"config file {path}: 'experiment' must be a table ([experiment]), not a value")
+    beside = sorted(k for k in data if k != "experiment")
+    if beside:
+        raise ConfigError(
+            f"config file {path}: keys {', '.join(beside)} stand outside the [experiment] table and would be "
+            "ignored; move them into it"
+        )
+    return dict(data["experiment"])
 
 
 def field_help(name: str) -> str:
@@ -343,6 +355,8 @@ def _validate(c: ExperimentConfig) -> None:
     ):
         check_choice(c, name, choices)
     check_all(c, ("noise_seed", "sampling_seed"), lambda v: v >= -1, "must be -1 (secret) or a seed >= 0")
+    check_all(c, ("seed", "noise_seed", "sampling_seed"), lambda v: v < 2**31, "must be below 2**31")
+    check(c.seed >= 0, "seed", c.seed, "must be >= 0")
     check_all(
         c,
         ("steps", "client_epsilon_budget", "target_epsilon", "eval_every", "gp_weight", "drift"),
