@@ -77,6 +77,8 @@ DEPLOY_DIR = "deploy"  # `fedgan deploy` keeps its processes' logs and keys here
 def check_new_run_dir(path: Path) -> None:
     """A new run may start in ``path``: it holds no run and nothing else (but ``fedgan deploy``'s
     own ``deploy/`` folder, made before the ServerApp creates the run)."""
+    if path.exists() and not path.is_dir():
+        raise RunDirectoryError(f"--out {path} is a file, not a directory: choose another --out")
     if (path / CHECKPOINT).exists():
         raise RunDirectoryError(
             f"{path} already holds a run; use --resume {path} to continue it or choose another --out"
@@ -152,8 +154,10 @@ class RunDirectory:
             raise RunDirectoryError(f"{run.path} has no config.json: not a fedgan run directory")
         try:
             values = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunDirectoryError(f"{cfg_path} is corrupt: {err}") from err
+        if not isinstance(values, dict):
+            raise RunDirectoryError(f"{cfg_path} is corrupt: it holds a {type(values).__name__}, not a config object")
         return run, ExperimentConfig.from_mapping(values, source=str(cfg_path))
 
     # --- files -----------------------------------------------------------------------------------

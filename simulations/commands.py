@@ -167,8 +167,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from .experiments.evaluate import evaluate_run, print_eval
 
-    if args.num_samples is not None and args.num_samples < 10:
-        print(f"fedgan: error: invalid --num-samples={args.num_samples}: must be >= 10", file=sys.stderr)
+    for flag, value in (("--num-samples", args.num_samples), ("--fid-samples", args.fid_samples)):
+        if value is not None and value < 10:
+            print(f"fedgan: error: invalid {flag}={value}: must be >= 10", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if args.inception_weights and not Path(args.inception_weights).is_file():
+        print(f"fedgan: error: --inception-weights {args.inception_weights} does not exist", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         result = evaluate_run(

@@ -115,3 +115,28 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
     policy.write_text("min-noise-multiplier = 'lots'\n")
     assert main([*args, "--out", str(tmp_path / "c")]) == 2
     assert "min-noise-multiplier must be a number" in capsys.readouterr().err
+
+
+def test_input_the_review_found_failing_late_is_exit_2_with_one_line(tmp_path, capsys):
+    """Issue 14, item 12: each case exits 2 with a message naming the cause, and writes nothing."""
+    from simulations.cli import main as cli_main
+    from tests.helpers import tiny_flags
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "config.json").write_text("[1, 2]")
+    cases = [
+        (["simulate", *tiny_flags(out=a_file)], "is a file, not a directory"),
+        (["simulate", "--resume", str(listed)], "holds a list"),
+        (["simulate", *tiny_flags(seed=-1, out=tmp_path / "s1")], "invalid seed=-1"),
+        (["simulate", *tiny_flags(seed=10**24, out=tmp_path / "s2")], "must be below 2**31"),
+        (["evaluate", str(listed), "--fid-samples", "1"], "invalid --fid-samples=1"),
+        (["evaluate", str(listed), "--inception-weights", str(tmp_path / "none.pth")], "does not exist"),
+    ]
+    for argv, words in cases:
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
