@@ -19,6 +19,7 @@ from tqdm import tqdm
 from common.comm import CommCounter
 from common.config import ExperimentConfig
 from common.data import num_classes_for
+from common.progress import progress_bar
 from common.public_warmup import describe as describe_public
 
 from .reporting import RunDirectory
@@ -110,7 +111,7 @@ def _train(
     started = time.monotonic()
     base_wall = state.wall_s
     status = "completed"
-    bar = tqdm(
+    bar = progress_bar(
         total=cfg.steps,
         initial=state.step,
         disable=not cfg.progress,

@@ -143,9 +143,9 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
 
 def _follow(dep: LocalDeployment, run_id: str, run_path: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     """Wait for the run, with a progress bar fed by the ServerApp's progress.json."""
-    from tqdm import tqdm
+    from common.progress import progress_bar
 
-    bar = tqdm(
+    bar = progress_bar(
         total=cfg.steps,
         disable=not cfg.progress,
         unit="step",

@@ -140,3 +140,11 @@ def test_input_the_review_found_failing_late_is_exit_2_with_one_line(tmp_path, c
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
+
+
+def test_progress_bars_write_a_few_lines_when_not_on_a_terminal(tmp_path, capsys):
+    """Issue 14, item 15: into a log (stderr not a terminal), not a line per step."""
+    assert main(["simulate", *tiny_flags(steps=40, progress=True, out=tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    bar_lines = [chunk for chunk in err.replace("\r", "\n").splitlines() if "gswgan steps" in chunk]
+    assert 1 <= len(bar_lines) <= 6, bar_lines
