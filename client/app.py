@@ -39,6 +39,9 @@ from common.methods import METHODS, adapter
 from protos import wire
 
 from .node import STATE_KEY, Node, client_id_of, own_ledger, policy_refusal
+from .quiet import quiet_known_notices
+
+quiet_known_notices()  # this process may be a Ray actor: it prints Flower's shutdown notice
 
 app = ClientApp()
 

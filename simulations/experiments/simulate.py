@@ -152,3 +152,6 @@ def _quiet_flower() -> None:
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("flwr").setLevel(logging.WARNING)
+    from client.quiet import quiet_known_notices
+
+    quiet_known_notices()

@@ -94,3 +94,21 @@ def test_bytes_match_the_inprocess_run_of_the_same_seed(flower_run, tmp_path):
     B, n = cfg.batch_size, cfg.n_critic
     assert (n + 1) * B * 785 < per_step["down"] < (n + 1) * B * 785 + 6000  # uint8 samples and labels
     assert B * 784 * 2 < per_step["up"] < B * 784 * 2 + 3000  # float16 gradients
+
+
+def test_a_clean_flower_simulation_prints_no_warning(tmp_path):
+    """Issue 14, item 14: Flower's run_simulation deprecation notice (twice) and every actor's
+    "Manually terminating ClientAppActor" are silenced; nothing else is."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, tiny_flags
+
+    argv = tiny_flags(steps=2, transport="flower", out=tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-m", "simulations.cli", "simulate", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    for notice in ("DEPRECATED FEATURE", "Manually terminating ClientAppActor", "Traceback"):
+        assert notice not in output, output
