@@ -9,6 +9,7 @@ nobody is left to ask.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class LoopState:
     progress_at: float = 0.0
     # Clients whose ledger the hello found not empty (or could not rule out); None: not known.
     ledger_holders: frozenset[int] | None = None
+    # A note's shape (digits masked) -> [times seen, its first wording]: the same note for the 290th
+    # client is counted, not printed (a --target-epsilon run's budget refusals).
+    repeats: dict[str, list] = field(default_factory=dict)
 
 
 def run_experiment(
@@ -181,9 +185,23 @@ def _round(
         state.failures[_client_key(strategy, node)] = f"step {step}: {reason}"
     for note in outcome.notes:
         note = bounded(note)  # a note may quote a client's words: never let one flood the log or checkpoint
+        if _repeated(state, note):
+            continue
         tqdm.write(f"[step {step}] {note}")
         state.notes.append(f"step {step}: {note}")
     return outcome.took_step, bool(selected)
+
+
+def _repeated(state: LoopState, note: str) -> bool:
+    """Count a note whose shape (numbers masked) was seen before; True: it is a repeat, not shown."""
+    seen = state.repeats.setdefault(re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", note), [0, note])
+    seen[0] += 1
+    return seen[0] > 1
+
+
+def repeat_notes(state: LoopState) -> list[str]:
+    """One line per note that recurred: how often, and its first wording."""
+    return [f"{count - 1} more like: {first}" for count, first in state.repeats.values() if count > 1]
 
 
 MAX_NOTE_CHARS = 500
@@ -278,6 +296,10 @@ def _finish(
     cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str, transport_name: str
 ) -> dict[str, Any]:
     """privacy.json, the last sample grid, summary.json (returned)."""
+    for line in repeat_notes(state):
+        tqdm.write(line)
+        state.notes.append(line)
+    state.repeats.clear()
     report = strategy.privacy_report(final=True)
     if cfg.public_data and report.get("statement"):  # what the user declared public, whatever the method
         report["statement"] += " " + describe_public(cfg)

@@ -53,3 +53,19 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_and_evaluation(tmp_path):
     assert lines and all(line.startswith("{") and line.endswith("}") for line in lines)
     metrics.write_text(metrics.read_text() + '{"step": 7, "tr')
     assert main(["evaluate", str(out), "--no-inception", "--num-samples", "100"]) == 0
+
+
+def test_repeated_refusals_are_counted_not_printed_one_per_client(tmp_path, capsys):
+    """Issue 14, item 18: a --target-epsilon run printed ~290 identical "client X refuses" lines."""
+    import json
+
+    out = tmp_path / "run"
+    flags = tiny_flags(num_clients=6, steps=40, noise_multiplier=1.0, client_epsilon_budget=45, out=out)
+    assert main(["simulate", *flags, "--no-eval"]) == 3  # stopped: every budget spent
+    printed = capsys.readouterr()
+    refusals = [line for line in (printed.out + printed.err).splitlines() if "refuses" in line]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(refusals) <= 3, refusals
+    assert any(n.startswith(tuple(f"{k} more like: " for k in range(1, 100))) for n in summary["notes"]), summary[
+        "notes"
+    ]
