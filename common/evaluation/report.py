@@ -37,6 +37,7 @@ EVAL_ROWS = (  # key, label, kind of value
     ("gen2real_acc", "gen2real accuracy (train on generated, test on real)", "accuracy"),
     ("real2gen_acc", "real2gen accuracy (train on real, test on generated)", "accuracy"),
 )
+NOT_FIGURES = {"num_samples", "privacy", "curve", "steps_completed", "step", "run_dir"}  # eval.json bookkeeping
 CAPTIONS = {  # plot name prefix -> caption
     "epsilon_per_client": "ε per client against an untrusted server: each client's own answered queries "
     "composed, no amplification. Dashed: the amplified ε, which assumes the server samples clients "
@@ -126,9 +127,11 @@ def eval_rows(eval_result: dict | None) -> list[tuple[str, str, str]]:
         if key in eval_result:
             value, samples = _eval_entry(eval_result, key)
             rows.append((label, _format_value(value, kind), _format_samples(samples)))
-    known = {k for k, _, _ in EVAL_ROWS}
+    known = {k for k, _, _ in EVAL_ROWS} | NOT_FIGURES
     for key, value in eval_result.items():
-        if key not in known and key != "num_samples" and not key.endswith("_num_samples"):
+        # Other figures a caller added, if they are plain numbers; structures (the privacy block, the
+        # ε-vs-quality curve) have their own sections and would only be dumped as JSON here.
+        if key not in known and not key.endswith("_num_samples") and isinstance(value, (int, float)):
             rows.append((key, _format_value(value, "other"), ""))
     return rows
 

@@ -359,6 +359,14 @@ def test_format_eval_table() -> None:
     assert "n/a" in format_eval_table({"fid": None})
 
 
+def test_the_evaluation_table_shows_figures_not_bookkeeping() -> None:
+    """Issue 14, item 18: eval.json's privacy block, curve and step count were dumped as rows."""
+    result = {**EVAL, "privacy": {"epsilon": 3.0}, "curve": [{"step": 1}], "steps_completed": 300, "extra": 0.5}
+    table = format_eval_table(result)
+    assert "privacy" not in table and "curve" not in table and "steps_completed" not in table
+    assert "extra" in table and "0.5" in table
+
+
 # --- on a real run directory -------------------------------------------------------------------------
 @pytest.mark.slow
 def test_plots_and_report_from_a_tiny_simulation(tmp_path_factory: pytest.TempPathFactory) -> None:
