@@ -149,7 +149,7 @@ def _per_client_sentence(
     if not active:
         return f"Per-client guarantee ({KIND_PER_CLIENT}): no client has released anything, so ε = 0.", 0.0
     entries = {cid: client_entry(cid, ledger, delta=delta, accountant=accountant) for cid, ledger in active.items()}
-    unbounded = [cid for cid, e in entries.items() if e["epsilon"] is None]
+    unbounded = [cid for cid, e in entries.items() if e["epsilon"] is None or not math.isfinite(e["epsilon"])]
     counts = [ledger.queries for ledger in active.values()]
     lead = (
         f"Per-client guarantee ({KIND_PER_CLIENT}): {len(active)} of {len(ledgers)} clients made "
@@ -157,10 +157,10 @@ def _per_client_sentence(
     )
     if unbounded:
         return lead + (
-            f"ε is unbounded for {len(unbounded)} of them ({entries[unbounded[0]]['epsilon_reason']}); "
+            f"ε is unbounded for {len(unbounded)} of them ({entries[unbounded[0]]['epsilon_reason'] or 'no noise'}); "
             "clients that released nothing have ε = 0."
         ), None
-    worst = max(entries, key=lambda c: entries[c]["epsilon"])
+    worst = max(entries, key=lambda c: (entries[c]["epsilon"], active[c].queries))  # ties: the most releases
     prv, why = active[worst].prv_epsilon(delta=delta)
     beside = f"PRV {fmt_epsilon(prv)}" if prv is not None else f"PRV not available: {why}"
     median = statistics.median(e["epsilon"] for e in entries.values())

@@ -132,3 +132,15 @@ def test_dpac_is_named_in_both_statements():
     ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5, sampling="poisson")])
     central = dpgan_statement(ledger, delta=1e-5, accountant="rdp", dpac_beta=0.5)
     assert "auxiliary classifier's DP-SGD steps" in central
+
+
+def test_without_noise_no_client_is_named_most_exposed():
+    """Issue 14, item 18: at σ = 0 the statement named the client with the fewest queries."""
+    from common.privacy.statement import _per_client_sentence
+
+    ledgers = {
+        0: PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, sample_rate=1.0, count=1)]),
+        1: PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, sample_rate=1.0, count=5)]),
+    }
+    text, worst = _per_client_sentence(ledgers, delta=1e-5, accountant="rdp", what="answers")
+    assert worst is None and "unbounded for 2 of them" in text and "most exposed" not in text
