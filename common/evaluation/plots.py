@@ -200,6 +200,12 @@ def _metric_value(value: Any) -> tuple[float | None, float | None]:
     return finite_or_none(value), None
 
 
+ONE_POINT_HINT = "one evaluated checkpoint: run with --eval-every N for a curve"
+NO_CRITIC_HINT = (
+    "the critic's statistics stay on the clients (private);\n--client-stats sends them (NOT PRIVATE, debugging only)"
+)
+
+
 def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid", delta: float | None = None) -> Path:
     """``metric`` of checkpoints of one run against the ε spent by then (max over clients).
 
@@ -246,6 +252,8 @@ def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid", 
     ax.set_xlabel("ε spent, max over clients (untrusted server)")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
+    if len(data) == 1:  # only the end of the run was evaluated: one point, say how to get a curve
+        ax.text(0.5, 0.04, ONE_POINT_HINT, transform=ax.transAxes, ha="center", fontsize=9, color="0.35")
     return _save(fig, path)
 
 
@@ -290,7 +298,7 @@ def plot_training_curves(metrics: list[dict], path: Path, *, delta: float | None
         ax_w.set_ylabel("E[D(real)] − E[D(fake)]\n(critic output units)")
         ax_w.grid(alpha=0.3)
     else:
-        _no_data(ax_w, "no train/wasserstein values in metrics.jsonl")
+        _no_data(ax_w, NO_CRITIC_HINT)
     ax_w.set_xlabel("generator step")
     ax_w.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax_w.tick_params(bottom=True, labelbottom=True)

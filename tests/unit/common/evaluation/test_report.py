@@ -445,3 +445,19 @@ def test_frontier_series_puts_the_noiseless_runs_right_of_every_finite_epsilon()
 @pytest.mark.parametrize("rows", [FRONTIER_ROWS, [], [{"strategy": "x", "target": 1.0, "epsilon": None}]])
 def test_frontier_plot(tmp_path: Path, rows: list[dict]) -> None:
     assert_png(plots.plot_frontier(rows, tmp_path / "frontier.png"))
+
+
+def test_thin_plots_say_how_to_get_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14, item 18: one ε-vs-FID dot and an empty critic panel now say what would fill them."""
+    texts: list[str] = []
+    save = plots._save
+
+    def capture(fig, path):
+        texts.extend(t.get_text() for ax in fig.axes for t in ax.texts)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    plots.plot_epsilon_vs_fid([{"step": 100, "epsilon_max": 20.0, "fid": 180.0}], tmp_path / "a.png")
+    assert plots.ONE_POINT_HINT in texts
+    plots.plot_training_curves([{"step": 1, "privacy/epsilon_max": 1.0}], tmp_path / "b.png", delta=DELTA)
+    assert plots.NO_CRITIC_HINT in texts
