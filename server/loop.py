@@ -23,7 +23,7 @@ from common.data import num_classes_for
 from common.progress import progress_bar
 from common.public_warmup import describe as describe_public
 
-from .reporting import RunDirectory
+from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategies import build_strategy
 from .strategies.base import PriorReleases, Strategy
@@ -90,8 +90,14 @@ def run_experiment(
 
 
 def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
-    ck = run.load_checkpoint()
-    strategy.load_state_dict(ck["strategy"])
+    ck = run.resumable_checkpoint()
+    try:
+        strategy.load_state_dict(ck["strategy"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise RunDirectoryError(
+            f"{run.path / 'checkpoint.pt'} does not fit this run ({type(err).__name__}: {str(err)[:200]}): "
+            "it cannot be resumed"
+        ) from err
     run.truncate_metrics(ck["step"])
     return LoopState(
         step=ck["step"],

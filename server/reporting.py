@@ -95,6 +95,7 @@ def check_new_run_dir(path: Path) -> None:
 
 _HELD_LOCKS: dict[Path, Any] = {}  # run directory -> the open, locked file (held until the process exits)
 LOCK_FILE = ".lock"
+RESUME_KEYS = ("strategy", "step", "wall_s", "comm")
 
 
 class RunDirectory:
@@ -200,6 +201,16 @@ class RunDirectory:
         tmp = self.path / (CHECKPOINT + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.path / CHECKPOINT)
+
+    def resumable_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint, checked to hold what a resume needs (a clear error otherwise)."""
+        ck = self.load_checkpoint()
+        missing = [k for k in RESUME_KEYS if not isinstance(ck, dict) or k not in ck]
+        if missing:
+            raise RunDirectoryError(
+                f"{self.path / CHECKPOINT} lacks {', '.join(missing)}: it cannot be resumed (start a new run)"
+            )
+        return ck
 
     def load_checkpoint(self) -> dict[str, Any]:
         path = self.path / CHECKPOINT

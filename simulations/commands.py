@@ -113,7 +113,7 @@ def _resume_target(args: argparse.Namespace):
 
     run, cfg = RunDirectory.open_existing(args.resume)
     run.lock()  # before anything is read or rewritten: another process may be driving it
-    run.load_checkpoint()  # fail now, with the path, if there is nothing to resume
+    run.resumable_checkpoint()  # fail now, with the path, if there is nothing (whole) to resume
     names = {f.name for f in dataclasses.fields(ExperimentConfig)}
     changes = {k: v for k, v in vars(args).items() if k in names}
     frozen = sorted(set(changes) - RESUMABLE_OVERRIDES)

@@ -214,9 +214,16 @@ def _read_summary(run: RunDirectory) -> dict[str, Any]:
     if not path.is_file():
         raise RunDirectoryError(f"{path} does not exist: the run has not finished (resume it first)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RunDirectoryError(f"{path} is corrupt: {err}") from err
+    missing = [k for k in SUMMARY_KEYS if not isinstance(summary, dict) or k not in summary]
+    if missing:
+        raise RunDirectoryError(f"{path} is incomplete (no {', '.join(missing)}): resume or rerun the run")
+    return summary
+
+
+SUMMARY_KEYS = ("clients", "steps_completed", "epsilon_max", "delta")
 
 
 def _privacy_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -231,13 +238,17 @@ def _snapshot_curve(
     """ε vs quality over the run's snapshots (domain FID each; Inception FID only at the end)."""
     points = []
     for path in run.snapshots():
-        snap = torch.load(path, map_location="cpu", weights_only=False)
-        gen = load_generator(cfg, snap["generator"], path)
+        try:
+            snap = torch.load(path, map_location="cpu", weights_only=False)
+            state, step, eps = snap["generator"], snap["step"], snap["privacy"]["epsilon_max"]
+        except Exception as err:  # noqa: BLE001 - any unreadable snapshot is the same failure for the user
+            raise RunDirectoryError(f"snapshot {path} is corrupt ({type(err).__name__}); delete it or rerun") from err
+        gen = load_generator(cfg, state, path)
         images, _ = generate(gen, evaluator.n, num_classes=evaluator.num_classes, z_dim=cfg.z_dim)
         points.append(
             {
-                "step": snap["step"],
-                "epsilon_max": snap["privacy"]["epsilon_max"],
+                "step": step,
+                "epsilon_max": eps,
                 "fid_domain": evaluator.fid_domain(images),
                 "fid": None,
             }

@@ -148,3 +148,30 @@ def test_progress_bars_write_a_few_lines_when_not_on_a_terminal(tmp_path, capsys
     err = capsys.readouterr().err
     bar_lines = [chunk for chunk in err.replace("\r", "\n").splitlines() if "gswgan steps" in chunk]
     assert 1 <= len(bar_lines) <= 6, bar_lines
+
+
+def test_broken_run_directories_are_exit_2_for_resume_and_evaluate(tmp_path, capsys):
+    """Issue 14, item 12: a checkpoint missing keys, a summary.json of {}, a corrupt snapshot."""
+    import shutil
+
+    import torch
+
+    run = tmp_path / "run"
+    assert main(["simulate", *tiny_flags(steps=3, out=run), "--eval-every", "2", "--no-eval"]) == 0
+    broken = tmp_path / "ck"
+    shutil.copytree(run, broken)
+    torch.save({"step": 3}, broken / "checkpoint.pt")
+    assert main(["simulate", "--resume", str(broken), "--steps", "5"]) == 2
+    assert "lacks strategy" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    shutil.copytree(run, empty)
+    (empty / "summary.json").write_text("{}")
+    assert main(["evaluate", str(empty), "--no-inception", "--num-samples", "50"]) == 2
+    assert "is incomplete" in capsys.readouterr().err
+    snap = tmp_path / "snap"
+    shutil.copytree(run, snap)
+    snapshots = sorted((snap / "snapshots").glob("step-*.pt"))
+    assert snapshots
+    snapshots[0].write_bytes(b"garbage")
+    assert main(["evaluate", str(snap), "--no-inception", "--num-samples", "50"]) == 2
+    assert "is corrupt" in capsys.readouterr().err
