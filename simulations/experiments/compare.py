@@ -56,7 +56,11 @@ def compare(
 ) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="compare"))
     out.mkdir(parents=True, exist_ok=False)
-    entries = [run_one(cfg, out, name, transport) for name in strategies]
+    entries = []
+    for i, name in enumerate(strategies, 1):
+        print(f"[{i}/{len(strategies)}] {name}: running in {out / name}", flush=True)
+        entries.append(run_one(cfg, out, name, transport))
+        print(f"[{i}/{len(strategies)}] {name}: {_one_line(entries[-1])}", flush=True)
     finished = [e["summary"] for e in entries if "summary" in e]
     result = {
         "dir": str(out),
@@ -70,6 +74,18 @@ def compare(
         result["bytes_plot"] = str(plot_bytes_per_step(finished, out / "bytes_per_step.png"))
     atomic_write_json(out / "comparison.json", result)
     return result
+
+
+def _one_line(entry: dict[str, Any]) -> str:
+    """How one strategy's run ended, in a line (shown with or without progress bars)."""
+    if "error" in entry:
+        return f"failed: {entry['error']}"
+    summary = entry["summary"]
+    eps = summary.get("epsilon_max")
+    return (
+        f"{summary['status']}, {summary['steps_completed']} steps in {summary['wall_s']:.0f} s, "
+        f"ε {'unbounded' if eps is None else format(eps, '.3g')} ({summary.get('epsilon_kind', '')})"
+    )
 
 
 def _eps_cells(summary: dict[str, Any]) -> tuple[str, str]:

@@ -10,7 +10,10 @@ def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
     code = main(["compare", *tiny_flags(num_clients=4, steps=2, out=out)])
     assert code == 0
-    assert "fedavg-gan" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fedavg-gan" in printed
+    for i, name in enumerate(("gswgan", "dpgan", "fedavg-gan"), 1):  # a line each, progress bars or not
+        assert f"[{i}/3] {name}: completed, 2 steps" in printed
     result = json.loads((out / "comparison.json").read_text())
     by_name = {e["strategy"]: e for e in result["strategies"]}
     assert set(by_name) == {"gswgan", "dpgan", "fedavg-gan"}
