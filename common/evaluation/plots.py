@@ -128,7 +128,14 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
         _epsilon_bars(ax, finite, unbounded, amp)
     else:
         _epsilon_histogram(ax, [r[1] for r in finite], amp)
+    if amp is not None and finite and amp > finite[-1][1]:
+        ax.text(0.5, 0.97, AMPLIFIED_ABOVE_HINT, transform=ax.transAxes, ha="center", va="top", fontsize=9, color="0.3")
     return _save(fig, path)
+
+
+AMPLIFIED_ABOVE_HINT = (
+    "the amplified ε is above every per-client ε: at this noise sampling cannot help (σ/√B too small)"
+)
 
 
 def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:

@@ -461,3 +461,10 @@ def test_thin_plots_say_how_to_get_more(tmp_path: Path, monkeypatch: pytest.Monk
     assert plots.ONE_POINT_HINT in texts
     plots.plot_training_curves([{"step": 1, "privacy/epsilon_max": 1.0}], tmp_path / "b.png", delta=DELTA)
     assert plots.NO_CRITIC_HINT in texts
+    summary = {
+        "delta": DELTA,
+        "clients": [{"client_id": 0, "epsilon": 5.0, "queries": 3}],
+        "epsilon_amplified": {"epsilon": 9.0},
+    }
+    plots.plot_epsilon_per_client(summary, tmp_path / "c.png")
+    assert plots.AMPLIFIED_ABOVE_HINT in texts
