@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import queue
+import random
 import sys
 import tempfile
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 LOCK_DIR = Path(tempfile.gettempdir()) / "fedgan-dataplane"
+CONNECT_ATTEMPTS = 12  # tries when the server has no pre-authentication slot free (~30 s in all)
 
 
 def lock_path(run_id: int, node_id: int) -> Path:
@@ -92,6 +94,19 @@ class Worker:
         self.last_heard = time.monotonic()
 
     def run(self) -> str:
+        """Serve the stream; a refusal for lack of pre-authentication slots (the server is flooded
+        with unauthenticated streams, or many workers start at once) is retried with backoff."""
+
+        for attempt in range(CONNECT_ATTEMPTS):
+            self.busy = False
+            reason = self._serve()
+            if not self.busy or attempt == CONNECT_ATTEMPTS - 1:
+                return reason
+            time.sleep(min(5.0, 0.2 * 2**attempt) * (0.5 + random.random()))
+            self.outbox = queue.Queue()
+        return reason
+
+    def _serve(self) -> str:
         from protos import dataplane_pb2 as pb
         from protos import dataplane_pb2_grpc as pb_grpc
 
@@ -113,6 +128,8 @@ class Worker:
                     self.outbox.put(pb.NodeMessage(reply=self._answer(message.request)))
             return "stream closed by the server"
         except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the server is gone
+            code = err.code() if hasattr(err, "code") else None
+            self.busy = getattr(code, "name", "") == "RESOURCE_EXHAUSTED"
             return f"stream ended: {err.details() if hasattr(err, 'details') else err}"
         finally:
             self.outbox.put(None)

@@ -57,13 +57,25 @@ class Session:
 
     outbox: queue.Queue[pb.ServerMessage | None] = field(default_factory=queue.Queue)
     replies: dict[int, pb.Envelope] = field(default_factory=dict)
+    # Sequence numbers the server asked this node and is still waiting for: a reply to anything else
+    # (unsolicited, repeated) is dropped, so an authenticated worker cannot fill the server's memory.
+    pending: set[int] = field(default_factory=set)
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def deliver(self, envelope: pb.Envelope) -> None:
+    def expect(self, seq: int) -> None:
         with self.changed:
+            self.pending.add(seq)
+
+    def deliver(self, envelope: pb.Envelope) -> bool:
+        """Keep a reply the server is waiting for; False (dropped) for any other."""
+        with self.changed:
+            if envelope.seq not in self.pending:
+                return False
+            self.pending.discard(envelope.seq)
             self.replies[envelope.seq] = envelope
             self.changed.notify_all()
+            return True
 
     def close(self) -> None:
         self.closed.set()
@@ -72,18 +84,51 @@ class Session:
             self.changed.notify_all()
 
 
+HELLO_DEADLINE_S = 10.0  # an unauthenticated stream must say hello within this, or it is cut
+PRE_AUTH_SLOTS = 6  # streams allowed to be waiting for their hello at once (the rest: RESOURCE_EXHAUSTED)
+MAX_HELLO_BYTES = 4096  # a hello is a run id, a node id and a 64-character token
+
+
 class DataPlaneServicer(pb_grpc.DataPlaneServicer):
-    """Accepts one stream per expected node whose hello carries the right token."""
+    """Accepts one stream per expected node whose hello carries the right token.
+
+    Before authentication a stream holds one of a few slots for at most ``HELLO_DEADLINE_S``, so
+    silent or garbage connections cannot lock real workers out of the server's thread pool, and a
+    hello larger than ``MAX_HELLO_BYTES`` is refused at once."""
 
     def __init__(self, run_id: int, secret: bytes, nodes: set[int]) -> None:
         self.run_id, self.secret, self.nodes = run_id, secret, nodes
         self.sessions: dict[int, Session] = {}
         self.connected = threading.Condition()
+        self.pre_auth = threading.BoundedSemaphore(PRE_AUTH_SLOTS)
+
+    def _first_message(self, request_iterator, context):
+        """The stream's first message within HELLO_DEADLINE_S, holding a pre-authentication slot."""
+        if not self.pre_auth.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many unauthenticated streams; retry")
+        try:
+            box: queue.Queue = queue.Queue(maxsize=1)
+
+            def read() -> None:
+                try:
+                    box.put(next(request_iterator, None))
+                except Exception:  # noqa: BLE001 - a broken stream is no hello
+                    box.put(None)
+
+            threading.Thread(target=read, daemon=True).start()
+            try:
+                return box.get(timeout=HELLO_DEADLINE_S)
+            except queue.Empty:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no hello within {HELLO_DEADLINE_S:.0f} s")
+        finally:
+            self.pre_auth.release()
 
     def Connect(self, request_iterator, context):  # noqa: N802 - gRPC's method name
-        first = next(request_iterator, None)
+        first = self._first_message(request_iterator, context)
         if first is None or first.WhichOneof("kind") != "hello":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a hello")
+        if first.ByteSize() > MAX_HELLO_BYTES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too large")
         hello = first.hello
         expected = node_token(self.secret, self.run_id, hello.node_id)
         if (
@@ -255,6 +300,7 @@ class GrpcTransport:
             self._seq += 1
             session = self.servicer.sessions.get(o.node_id)
             if session is not None and not session.closed.is_set():
+                session.expect(self._seq)
                 session.outbox.put(
                     pb.ServerMessage(
                         request=pb.Envelope(
@@ -296,6 +342,7 @@ class GrpcTransport:
                     return None, "the node's data-plane stream closed (worker or node gone)"
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    session.pending.discard(seq)  # a late reply is not wanted any more
                     return None, f"no reply within {timeout_s:.0f} s"
                 session.changed.wait(timeout=min(left, 1.0))
             return session.replies.pop(seq), ""

@@ -213,3 +213,58 @@ def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
     # Client 1 answered step 0; the query of step 1 went to its dead worker and stays charged: the
     # server cannot know it was never answered (a late answer would have been charged on the client).
     assert summary["clients"][0]["queries"] == 3 and summary["clients"][1]["queries"] == 2
+
+
+def test_unauthenticated_streams_cannot_lock_workers_out(tmp_path, monkeypatch):
+    """Issue 14, item 7: silent connections used to wait for a hello forever on the pool of nodes+8
+    threads; now a few pre-authentication slots, each held at most HELLO_DEADLINE_S, and the rest
+    refused at once; a hello too large to be one is refused before anything else."""
+    import threading
+
+    import grpc
+
+    from protos import dataplane_pb2 as pb
+    from protos import dataplane_pb2_grpc as pb_grpc
+    from server import dataplane
+
+    monkeypatch.setattr(dataplane, "HELLO_DEADLINE_S", 2.0)
+    transport, control = started(tmp_path, idle_s=30)
+    forever = threading.Event()
+
+    def silent():
+        forever.wait()
+        yield from ()
+
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+        stub = pb_grpc.DataPlaneStub(channel)
+        calls = [stub.Connect(silent(), timeout=20) for _ in range(dataplane.PRE_AUTH_SLOTS)]
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Connect(silent(), timeout=20))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for call in calls:  # each silent stream is cut at the deadline, freeing its slot
+            with pytest.raises(grpc.RpcError) as err:
+                next(call)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        big = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * 100_000))
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Connect(iter([big]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # the real worker is still connected and answers
+        node = next(iter(control.contexts))
+        assert not transport.servicer.sessions[node].closed.is_set()
+    finally:
+        forever.set()
+        transport.close()
+
+
+def test_replies_nobody_asked_for_are_dropped():
+    from protos import dataplane_pb2 as pb
+    from server.dataplane import Session
+
+    session = Session()
+    assert not session.deliver(pb.Envelope(seq=7, content=b"x" * 1000))  # unsolicited
+    session.expect(8)
+    assert session.deliver(pb.Envelope(seq=8)) and not session.deliver(pb.Envelope(seq=8))  # once only
+    assert list(session.replies) == [8]
