@@ -72,14 +72,18 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 
 def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
     """What every entry point does before any work: check that the device exists here, check
-    partition sizes against the batch size (reading the data where needed) and apply the
-    --target-epsilon calibration."""
+    partition sizes against the batch size (reading the data where needed), that the test split an
+    evaluation will need is there, and apply the --target-epsilon calibration."""
     from common.data import check_partition_sizes
     from common.device import resolve_device
     from common.methods import core
 
     resolve_device(cfg.device)  # ValueError naming the device and what to use instead
     sizes = check_partition_sizes(cfg)
+    if cfg.eval and cfg.dataset != "synthetic":  # the end-of-run evaluation needs the test split: now, not then
+        from common.data import load_dataset
+
+        load_dataset(cfg.dataset, cfg.data_dir, split="test", emnist_split=cfg.emnist_split)
     check_sizes = getattr(core(cfg.strategy), "check_sizes", None)
     if check_sizes is not None:  # a method's own checks against the data (ConfigError naming the field)
         check_sizes(cfg, sizes)

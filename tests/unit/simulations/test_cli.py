@@ -175,3 +175,18 @@ def test_broken_run_directories_are_exit_2_for_resume_and_evaluate(tmp_path, cap
     snapshots[0].write_bytes(b"garbage")
     assert main(["evaluate", str(snap), "--no-inception", "--num-samples", "50"]) == 2
     assert "is corrupt" in capsys.readouterr().err
+
+
+def test_a_missing_test_split_stops_before_training(tmp_path, capsys):
+    """Issue 14, item 12: the evaluation's test split is checked up front, not after the run."""
+    import numpy as np
+
+    from common.data.testing import write_mnist_like
+
+    rng = np.random.default_rng(0)
+    write_mnist_like(tmp_path / "mnist", rng.integers(0, 255, (64, 28, 28), dtype=np.uint8), np.arange(64) % 10)
+    argv = ["simulate", *tiny_flags(dataset="mnist", partition="iid", num_clients=2, eval=True, out=tmp_path / "run")]
+    assert main([*argv, "--data-dir", str(tmp_path / "mnist")]) == 2
+    err = capsys.readouterr().err
+    assert "t10k" in err or "test" in err
+    assert not (tmp_path / "run").exists()
