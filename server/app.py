@@ -69,8 +69,13 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run .``: every ExperimentConfig field is a run_config key."""
     from common.calibration import prepare
 
-    cfg = prepare(ExperimentConfig.from_run_config(context.run_config))
-    run = RunDirectory.create(cfg)
+    cfg = ExperimentConfig.from_run_config(context.run_config)
+    try:
+        cfg = prepare(cfg)
+        run = RunDirectory.create(cfg)
+    except Exception as err:
+        _record_early_failure(cfg, err)  # before the run directory exists: still tell whoever started it
+        raise
     run.lock()
     control = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
     try:
@@ -92,3 +97,19 @@ def main(grid: Grid, context: Context) -> None:
     print_summary(summary)
     if summary["status"] != "completed":
         raise RunIncomplete(f"run {run.path} did not complete: {summary['status']}")
+
+
+def _record_early_failure(cfg: ExperimentConfig, err: Exception) -> None:
+    """``failure.txt`` in ``--out`` for a run that failed before its directory was made (bad data,
+    a device that is not there), unless that directory already holds something else."""
+    if not cfg.out:
+        return
+    from pathlib import Path
+
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / FAILURE_FILE).exists() and not any(p.name not in ("deploy",) for p in out.iterdir()):
+            (out / FAILURE_FILE).write_text(f"{type(err).__name__}: {err}\n")
+    except OSError:
+        pass

@@ -38,6 +38,7 @@ from protos import dataplane_pb2_grpc as pb_grpc
 from protos import wire
 from protos.wire import runtime_message
 
+from .session import HELLO_TIMEOUT_S
 from .strategies.base import Outgoing
 from .transport import Exchange, FlowerTransport, _collect, _count
 
@@ -184,7 +185,8 @@ def settings_from(cfg) -> DataPlaneSettings:
         tls_key=cfg.dataplane_tls_key,
         tls_ca=cfg.dataplane_tls_ca,
         idle_s=cfg.dataplane_idle_s,
-        connect_timeout_s=cfg.reply_timeout_s,
+        # workers start a process and import torch before they dial: a start-up wait, not a reply's
+        connect_timeout_s=max(cfg.reply_timeout_s, HELLO_TIMEOUT_S),
         reply_timeout_s=cfg.reply_timeout_s,
     )
 
@@ -253,7 +255,7 @@ class GrpcTransport:
             )
             for n in nodes
         ]
-        exchange = self.control.exchange(kickoff)
+        exchange = self.control.exchange(kickoff, timeout_s=s.connect_timeout_s)  # start-up: nodes start a process
         self.setup_totals = exchange.totals()
         self.worker_pids = {r.node_id: _pid(r.content) for r in exchange.replies if r.content is not None}
         failed = [f"node {r.node_id}: {r.error}" for r in exchange.replies if r.content is None]

@@ -84,6 +84,23 @@ def deploy_local(
         return run_on_deployment(dep, cfg)
 
 
+def save_serverapp_log(dep: LocalDeployment, run_id: str, path: Path) -> tuple[Path | None, str]:
+    """The ServerApp's log (``flwr log --show``) saved while the SuperLink still runs, and its last
+    error line: once the deployment stops, `flwr log` cannot fetch it any more."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["flwr", "log", run_id, CONNECTION, "--show"], env=dep.env, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, ""
+    text = done.stdout + done.stderr
+    path.write_text(text)
+    errors = [line.strip() for line in text.splitlines() if "Error" in line or "Exception" in line]
+    return path, errors[-1][:500] if errors else ""
+
+
 def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
     """Submit ``cfg`` (absolute ``out`` and ``data_dir``) to a started deployment, follow it, add
     the deployment's byte figures to summary.json, evaluate; returns ``fedgan simulate``'s exit codes."""
@@ -116,10 +133,11 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
         from server.reporting import FAILURE_FILE
 
         failure = run_path / FAILURE_FILE
-        why = f": {failure.read_text().strip()}" if failure.is_file() else ""
+        log, last_error = save_serverapp_log(dep, run_id, dep.workdir / "serverapp.log")
+        why = f": {failure.read_text().strip()}" if failure.is_file() else (f": {last_error}" if last_error else "")
         print(
             f"fedgan: the run ended as {info['status']} without a summary{why}\nServerApp log: "
-            f"`flwr log {run_id}`; deployment logs in {dep.logs}",
+            f"{log or f'`flwr log {run_id}` (while the SuperLink runs)'}; deployment logs in {dep.logs}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT if "NodeRefused" in why else EXIT_FAILED

@@ -230,3 +230,13 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     assert "noise multiplier 0.5 is below the node's minimum 1" in result.stderr and str(policy) in result.stderr
     assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("deploy/nodes/*/state/client-*.pt"))
     assert_all_stopped(started_pids(run_dir))
+
+
+def test_a_small_reply_timeout_does_not_break_start_up(tmp_path):
+    """Issue 14, item 8: --reply-timeout-s was also the workers' connect timeout, so a deployment with
+    a short one failed before its first step (workers start a process and import torch first)."""
+    run_dir = tmp_path / "quick"
+    result = fedgan("deploy", "--local", *TINY, "--steps", "2", "--reply-timeout-s", "3", "--out", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["transport"] == "flower-run+grpc-dataplane"
