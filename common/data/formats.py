@@ -215,9 +215,23 @@ def _read_writer_group(group, path: Path, writer_id: str) -> tuple[np.ndarray, n
             f"{path}: writer {writer_id!r} has pixels {pixels.shape} and labels {labels.shape}, "
             f"expected [n, 28, 28] and [n]; {hint}"
         )
+    if pixels.dtype.kind not in "fiu" or labels.dtype.kind not in "fiu":
+        raise DataError(f"{path}: writer {writer_id!r} has pixels of {pixels.dtype} / labels of {labels.dtype}; {hint}")
+    if pixels.size and not np.isfinite(pixels).all():
+        raise DataError(f"{path}: writer {writer_id!r} has NaN or infinite pixels; {hint}")
     if pixels.size and (pixels.min() < -1e-3 or pixels.max() > 1 + 1e-3):
         raise DataError(f"{path}: writer {writer_id!r} has pixels outside [0, 1]; {hint}")
+    if labels.size and not (np.isfinite(labels).all() and np.all(np.asarray(labels) == np.round(labels))):
+        raise DataError(f"{path}: writer {writer_id!r} has labels that are not integers; {hint}")
     return tff_pixels_to_uint8(pixels), np.asarray(labels, dtype=np.int64).reshape(-1)
+
+
+def _writers_group(handle, path: Path):
+    """The ``examples`` group of a TFF file (a clear error when it is missing or not a group)."""
+    examples = handle.get("examples") if hasattr(handle, "get") else None
+    if examples is None or not hasattr(examples, "keys"):
+        raise DataError(f"{path}: 'examples' must be a group of writers; {fix_hint('femnist')}")
+    return examples
 
 
 def read_tff_h5(path: str | Path, *, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -229,9 +243,10 @@ def read_tff_h5(path: str | Path, *, num_classes: int) -> tuple[np.ndarray, np.n
     path = Path(path)
     images, labels, index = [], [], []
     with _open_h5(path) as handle:
-        writer_ids = sorted(handle["examples"].keys())
+        examples = _writers_group(handle, path)
+        writer_ids = sorted(examples.keys())
         for ordinal, writer_id in enumerate(writer_ids):
-            x, y = _read_writer_group(handle["examples"][writer_id], path, writer_id)
+            x, y = _read_writer_group(examples[writer_id], path, writer_id)
             images.append(x)
             labels.append(y)
             index.append(np.full(len(y), ordinal, dtype=np.int64))
@@ -246,11 +261,12 @@ def read_tff_h5_writer(path: str | Path, ordinal: int, *, num_classes: int) -> t
     """Only writer number ``ordinal`` (in sorted order): a client loads its own data and no more."""
     path = Path(path)
     with _open_h5(path) as handle:
-        writer_ids = sorted(handle["examples"].keys())
+        examples = _writers_group(handle, path)
+        writer_ids = sorted(examples.keys())
         if not 0 <= ordinal < len(writer_ids):
             raise DataError(f"{path} holds {len(writer_ids)} writers; writer #{ordinal} does not exist")
         writer_id = writer_ids[ordinal]
-        images, labels = _read_writer_group(handle["examples"][writer_id], path, writer_id)
+        images, labels = _read_writer_group(examples[writer_id], path, writer_id)
     _check_label_range(labels, num_classes, path, fix_hint("femnist"))
     return images, labels, writer_id
 
@@ -259,9 +275,10 @@ def tff_writer_sizes(path: str | Path) -> tuple[list[str], list[int]]:
     """Writer ids (sorted) and their image counts, read from the dataset shapes without pixels."""
     path = Path(path)
     with _open_h5(path) as handle:
-        writer_ids = sorted(handle["examples"].keys())
+        examples = _writers_group(handle, path)
+        writer_ids = sorted(examples.keys())
         try:
-            sizes = [int(handle["examples"][w]["label"].shape[0]) for w in writer_ids]
+            sizes = [int(examples[w]["label"].shape[0]) for w in writer_ids]
         except KeyError as err:
             raise DataError(f"{path}: a writer lacks its 'label' dataset ({err}); {fix_hint('femnist')}") from err
     return writer_ids, sizes

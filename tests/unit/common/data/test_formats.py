@@ -245,3 +245,28 @@ def test_unknown_names_are_config_errors() -> None:
         load_dataset("cifar10", "")
     with pytest.raises(ValueError, match="femnist"):
         dataset_num_classes("femnist", "letters")
+
+
+def test_broken_femnist_writers_are_data_errors_naming_the_writer(tmp_path: Path) -> None:
+    """Issue 14, item 12: NaN pixels, non-integer labels, the wrong dtype, `examples` as a dataset."""
+    good = np.full((2, 28, 28), 0.5, np.float32)
+    cases = {
+        "nan": (np.full((2, 28, 28), np.nan, np.float32), np.array([1, 2], np.int32), "NaN or infinite"),
+        "fractional": (good, np.array([1.5, 2.0], np.float32), "not integers"),
+        "strings": (good, np.array([b"a", b"b"]), "labels of"),
+    }
+    for name, (pixels, labels, words) in cases.items():
+        path = tmp_path / f"{name}.h5"
+        with h5py.File(path, "w") as handle:
+            group = handle.create_group("examples").create_group("w0")
+            group.create_dataset("pixels", data=pixels)
+            group.create_dataset("label", data=labels)
+        with pytest.raises(DataError, match=words) as err:
+            read_tff_h5(path, num_classes=10)
+        assert "'w0'" in str(err.value) and str(path) in str(err.value)
+    flat = tmp_path / "flat.h5"
+    with h5py.File(flat, "w") as handle:
+        handle.create_dataset("examples", data=np.zeros(3))
+    for read in (lambda: read_tff_h5(flat, num_classes=10), lambda: tff_writer_sizes(flat)):
+        with pytest.raises(DataError, match="must be a group of writers"):
+            read()
