@@ -10,6 +10,8 @@ Every file that a crash could leave half-written is written to a temporary name 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -44,8 +46,22 @@ def next_run_dir(root: str | Path, cfg: ExperimentConfig) -> Path:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with disk_errors(path, tmp):
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def disk_errors(path: Path, tmp: Path):
+    """A write that fails leaves the previous file intact (the temporary one is removed) and says
+    which file and why, e.g. "no space left on device writing .../checkpoint.pt"."""
+    try:
+        yield
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        why = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+        raise RunDirectoryError(f"{why} writing {path}; the previous version is intact") from err
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -199,8 +215,9 @@ class RunDirectory:
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         tmp = self.path / (CHECKPOINT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path / CHECKPOINT)
+        with disk_errors(self.path / CHECKPOINT, tmp):
+            torch.save(state, tmp)
+            os.replace(tmp, self.path / CHECKPOINT)
 
     def resumable_checkpoint(self) -> dict[str, Any]:
         """The checkpoint, checked to hold what a resume needs (a clear error otherwise)."""

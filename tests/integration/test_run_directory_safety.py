@@ -69,3 +69,28 @@ def test_repeated_refusals_are_counted_not_printed_one_per_client(tmp_path, caps
     assert any(n.startswith(tuple(f"{k} more like: " for k in range(1, 100))) for n in summary["notes"]), summary[
         "notes"
     ]
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """Issue 14, item 12: "no space left" and the path, the previous checkpoint intact."""
+    import errno
+
+    import torch
+
+    out = _finished_run(tmp_path)
+    before = (out / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        if str(f).endswith("checkpoint.pt.tmp"):
+            with open(f, "wb") as fh:
+                fh.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full)
+    code = main(["simulate", "--resume", str(out), "--steps", "6", "--no-eval"])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert f"no space left on device writing {out / 'checkpoint.pt'}" in err
+    assert (out / "checkpoint.pt").read_bytes() == before and not (out / "checkpoint.pt.tmp").exists()
