@@ -113,7 +113,9 @@ def run_on_transport(
     cpus = os.cpu_count() or 1
     backend = {
         "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
-        "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True},
+        # "local": always a fresh Ray instance of our own, never one left behind by a killed run
+        # (whose agents may ignore SIGTERM): ray.init() would otherwise attach to it.
+        "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
     }
     try:
         with prompt_message_delivery() as on_pushed:
