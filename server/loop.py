@@ -239,7 +239,7 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         postfix = {"eps_max": "unbounded" if eps_max is None else f"{eps_max:.3g}"}
         if "train/wasserstein" in record:  # only with --client-stats: clients keep it private otherwise
             postfix["w"] = f"{record['train/wasserstein']:.3g}"
-        bar.set_postfix(postfix)
+        bar.set_postfix(postfix, refresh=False)  # drawn at the next throttled update
     if step % cfg.sample_every == 0 or step == cfg.steps:
         run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
     if step % cfg.checkpoint_every == 0:

@@ -147,7 +147,7 @@ def test_progress_bars_write_a_few_lines_when_not_on_a_terminal(tmp_path, capsys
     assert main(["simulate", *tiny_flags(steps=40, progress=True, out=tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     bar_lines = [chunk for chunk in err.replace("\r", "\n").splitlines() if "gswgan steps" in chunk]
-    assert 1 <= len(bar_lines) <= 6, bar_lines
+    assert 1 <= len(bar_lines) <= 8, bar_lines  # 40 steps: a line per step before
 
 
 def test_broken_run_directories_are_exit_2_for_resume_and_evaluate(tmp_path, capsys):
