@@ -232,4 +232,3 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     assert "noise multiplier 0.5 is below the node's minimum 1" in result.stderr and str(policy) in result.stderr
     assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("deploy/nodes/*/state/client-*.pt"))
     assert_all_stopped(started_pids(run_dir))
-
