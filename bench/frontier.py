@@ -316,7 +316,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | |")
             continue
         eps = "∞ (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
-        fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
+        fid = _fid_cell(r)
         lines.append(
             f"| {r['strategy']} | {r['epsilon_unit']} | {r['target']:g} | {eps} | {r['noise_multiplier']:.3g} | {fid} "
             f"| {f(r['fid_domain'], '.1f')} | {f(r['inception_score'], '.2f')} "
@@ -335,7 +335,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             if "error" in r:
                 lines.append(f"| {r['lever']} | {r['error']} | | | | | |")
                 continue
-            fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
+            fid = _fid_cell(r)
             lines.append(
                 f"| {r['lever']} | {f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
                 f"| {f(r['fid_domain'], '.1f')} | {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
@@ -376,7 +376,7 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
             if "error" in r:
                 lines.append(f"| {strategy} | {r['variant']} | {r['error']} | | | | | | | |")
                 continue
-            fid = "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
+            fid = _fid_cell(r)
             lines.append(
                 f"| {strategy} | {r['variant']} | {_f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
                 f"| {_f(r['fid_domain'], '.1f')} | {_f(r['inception_score'], '.2f')} "
@@ -388,6 +388,11 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _f(v: Any, spec: str) -> str:
     return "—" if v is None else format(v, spec)
+
+
+def _fid_cell(r: dict[str, Any]) -> str:
+    """The Inception FID with its sample count N (the two only mean something together)."""
+    return "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,3 +117,16 @@ def pretrain_gan(
         g_loss.backward()
         g_opt.step()
     d_optimizer.zero_grad(set_to_none=True)
+
+
+def warm_gan_on_public(G: nn.Module, D: nn.Module, cfg: ExperimentConfig, *, num_classes: int, rng: torch.Generator):
+    """The servers' warm start (GS-WGAN's G against a throwaway D, Fed-Avg's G and first global D):
+    WGAN-GP with a fresh Adam for D, n_critic steps of D per step of G. Returns the EMA of G restarted
+    from the warmed G (the released model must not average in the untrained start)."""
+    from common.models import GeneratorEMA
+
+    d_opt = torch.optim.Adam(D.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+    pretrain_gan(
+        G, D, d_opt, cfg, steps=cfg.public_warmup_steps, n_critic=cfg.n_critic, num_classes=num_classes, rng=rng
+    )
+    return GeneratorEMA(G, decay=cfg.ema_decay)

@@ -39,7 +39,7 @@ from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, san
 from common.privacy.dct import to_coefficients, to_pixels
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.sanitizer import release_noise_source
-from common.public_warmup import pretrain_gan, public_batch
+from common.public_warmup import public_batch, warm_gan_on_public
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
     from common.config import ExperimentConfig
@@ -432,18 +432,7 @@ class ServerGenerator:
         """dpGAN's warm start of G on the public data, against a public D that is then discarded;
         the EMA restarts from the warmed G. Runs once, before the first step."""
         D = build_discriminator(self.cfg.model, num_classes=self.num_classes).to(self.device)
-        d_opt = torch.optim.Adam(D.parameters(), lr=self.cfg.lr_d, betas=(self.cfg.beta1, self.cfg.beta2))
-        pretrain_gan(
-            self.model,
-            D,
-            d_opt,
-            self.cfg,
-            steps=self.cfg.public_warmup_steps,
-            n_critic=self.cfg.n_critic,
-            num_classes=self.num_classes,
-            rng=self.rng,
-        )
-        self.ema = GeneratorEMA(self.model, decay=self.cfg.ema_decay)
+        self.ema = warm_gan_on_public(self.model, D, self.cfg, num_classes=self.num_classes, rng=self.rng)
         self.public_warmed = True
 
     def draw_labels(self, n: int) -> torch.Tensor:

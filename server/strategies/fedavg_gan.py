@@ -38,7 +38,7 @@ from common.privacy.statement import (
     not_private_reasons,
     server_entry,
 )
-from common.public_warmup import pretrain_gan
+from common.public_warmup import warm_gan_on_public
 from protos import wire
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
@@ -66,20 +66,9 @@ class FedAvgGanStrategy(Strategy):
     def _public_warm_start(self) -> None:
         """dpGAN's warm start on the public data: the server's G and the first global D (the clients'
         WGAN-GP loss), before the first round; the EMA restarts from the warmed G."""
-        d_opt = torch.optim.Adam(
-            self.discriminator.parameters(), lr=self.cfg.lr_d, betas=(self.cfg.beta1, self.cfg.beta2)
+        self.ema = warm_gan_on_public(
+            self.generator, self.discriminator, self.cfg, num_classes=self.num_classes, rng=self.rng
         )
-        pretrain_gan(
-            self.generator,
-            self.discriminator,
-            d_opt,
-            self.cfg,
-            steps=self.cfg.public_warmup_steps,
-            n_critic=self.cfg.n_critic,
-            num_classes=self.num_classes,
-            rng=self.rng,
-        )
-        self.ema = GeneratorEMA(self.generator, decay=self.cfg.ema_decay)
         self.public_warmed = True
 
     def _noise(self) -> torch.Generator:

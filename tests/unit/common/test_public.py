@@ -103,3 +103,25 @@ def test_dpgan_public_warm_start_adds_no_dp_step():
     run_round(node, cfg)
     assert node.public_warmed and node.ledger.queries == 2  # the round's n_D steps, nothing for the warm start
     assert any(not torch.equal(a, b) for a, b in zip(before, node.generator.parameters(), strict=True))
+
+
+def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
+    from server.strategies.fedavg_gan import FedAvgGanStrategy
+
+    cfg = ExperimentConfig(
+        strategy="fedavg-gan",
+        model="tiny",
+        num_clients=3,
+        fedavg_clients_per_round=2,
+        public_data="synthetic",
+        public_size=64,
+        public_warmup_steps=2,
+    )
+    strategy = FedAvgGanStrategy(cfg, 10, "")
+    g_before = [p.detach().clone() for p in strategy.generator.parameters()]
+    d_before = [p.detach().clone() for p in strategy.discriminator.parameters()]
+    strategy.configure_step(0, [])
+    assert strategy.public_warmed and strategy.ema.num_updates == 0
+    assert any(not torch.equal(a, b) for a, b in zip(g_before, strategy.generator.parameters(), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(d_before, strategy.discriminator.parameters(), strict=True))
+    assert strategy.state_dict()["public_warmed"] is True
