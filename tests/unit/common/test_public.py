@@ -14,6 +14,11 @@ from common.data.public import held_out, public_arrays
 from common.data.synthetic import synthetic_writer
 
 
+def _moved(before: list[torch.Tensor], module: torch.nn.Module) -> bool:
+    """Whether any parameter of ``module`` differs from its copy in ``before``."""
+    return any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     clear_cache()
@@ -67,7 +72,7 @@ def test_gswgan_public_warm_start_moves_g_and_charges_nobody():
     assert not server.public_warmed
     server.public_warm_start()
     assert server.public_warmed and server.ema.num_updates == 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, server.model.parameters(), strict=True))
+    assert _moved(before, server.model)
     for a, b in zip(server.model.state_dict().values(), server.ema.module.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # the EMA restarts from the warmed G
 
@@ -83,7 +88,7 @@ def test_gswgan_clients_warm_start_on_public_data_first_at_no_cost():
     before = [p.detach().clone() for p in state.discriminator.parameters()]
     first_contact(state, cfg)
     assert state.warmed_up and state.ledger.queries == 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, state.discriminator.parameters(), strict=True))
+    assert _moved(before, state.discriminator)
 
 
 def test_dpgan_public_warm_start_adds_no_dp_step():
@@ -102,7 +107,7 @@ def test_dpgan_public_warm_start_adds_no_dp_step():
     before = [p.detach().clone() for p in node.generator.parameters()]
     run_round(node, cfg)
     assert node.public_warmed and node.ledger.queries == 2  # the round's n_D steps, nothing for the warm start
-    assert any(not torch.equal(a, b) for a, b in zip(before, node.generator.parameters(), strict=True))
+    assert _moved(before, node.generator)
 
 
 def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
@@ -122,6 +127,6 @@ def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
     d_before = [p.detach().clone() for p in strategy.discriminator.parameters()]
     strategy.configure_step(0, [])
     assert strategy.public_warmed and strategy.ema.num_updates == 0
-    assert any(not torch.equal(a, b) for a, b in zip(g_before, strategy.generator.parameters(), strict=True))
-    assert any(not torch.equal(a, b) for a, b in zip(d_before, strategy.discriminator.parameters(), strict=True))
+    assert _moved(g_before, strategy.generator)
+    assert _moved(d_before, strategy.discriminator)
     assert strategy.state_dict()["public_warmed"] is True
