@@ -88,6 +88,10 @@ class Session:
 HELLO_DEADLINE_S = 10.0  # an unauthenticated stream must say hello within this, or it is cut
 PRE_AUTH_SLOTS = 6  # streams allowed to be waiting for their hello at once (the rest: RESOURCE_EXHAUSTED)
 MAX_HELLO_BYTES = 4096  # a hello is a run id, a node id and a 64-character token
+# What the server accepts from a worker, before and after authentication (gRPC has one limit per
+# server): the largest honest reply is a paper-scale DPGAN generator (3.8M float32 weights, ~15 MB);
+# 64 MiB bounds what the pre-authentication slots can make the server buffer to 6 × 64 MiB.
+MAX_WORKER_MESSAGE = 64 * 1024 * 1024
 
 
 class DataPlaneServicer(pb_grpc.DataPlaneServicer):
@@ -226,7 +230,7 @@ class GrpcTransport:
             futures.ThreadPoolExecutor(max_workers=len(nodes) + 8),
             options=[
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
-                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+                ("grpc.max_receive_message_length", MAX_WORKER_MESSAGE),
             ],
         )
         pb_grpc.add_DataPlaneServicer_to_server(self.servicer, self.server)

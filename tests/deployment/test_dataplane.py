@@ -268,3 +268,26 @@ def test_replies_nobody_asked_for_are_dropped():
     session.expect(8)
     assert session.deliver(pb.Envelope(seq=8)) and not session.deliver(pb.Envelope(seq=8))  # once only
     assert list(session.replies) == [8]
+
+
+def test_the_server_reads_at_most_64_mib_from_any_stream(tmp_path):
+    """Issue 14, item 7: the 256 MiB limit applied before authentication (8 × 250 MiB hellos took the
+    ServerApp from 250 MiB to 2.26 GiB); a worker's largest honest reply is ~15 MB."""
+    import grpc
+
+    from protos import dataplane_pb2 as pb
+    from protos import dataplane_pb2_grpc as pb_grpc
+    from server import dataplane
+
+    transport, control = started(tmp_path, idle_s=30)
+    try:
+        huge = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * (65 * 1024 * 1024)))
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{transport.server_port}", options=[("grpc.max_send_message_length", 128 * 1024 * 1024)]
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            next(pb_grpc.DataPlaneStub(channel).Connect(iter([huge]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert dataplane.MAX_WORKER_MESSAGE == 64 * 1024 * 1024
+    finally:
+        transport.close()
