@@ -472,7 +472,8 @@ class ServerGenerator:
         for fake, grad in zip(attached, grads, strict=True):
             grad = to_pixels(grad, self.cfg.grad_dct) if self.cfg.grad_dct else grad
             fake.backward(grad.to(fake.device) / divisor)
-        if not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.model.parameters()):
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()):  # one host sync
             # Never let a non-finite gradient into Adam's moments (they would stay non-finite).
             self.optimizer.zero_grad(set_to_none=True)
             return False
