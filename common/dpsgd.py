@@ -266,10 +266,9 @@ class DpDiscriminatorTrainer:
         fake = fake.detach()
         if self.loss == "ns":
             self._ns_backward(real, real_y, fake, fake_y)
-            rows = {p: p.grad_sample for p in self.D.parameters()}
         else:
             self._wgan_gp_grad_samples(real, real_y, fake, fake_y)
-            rows = {p: p.grad_sample for p in self.D.parameters()}
+        rows = {p: p.grad_sample for p in self.D.parameters()}
         medians = group_norms(self.optimizer.groups, rows).median(dim=0).values.tolist()
         self.optimizer.zero_grad(set_to_none=True)
         bounds = scaled_bounds(medians, self.total_bound)
@@ -279,14 +278,8 @@ class DpDiscriminatorTrainer:
     @contextmanager
     def hooks_off(self) -> Iterator[nn.Module]:
         """D with Opacus' hooks off, for non-private training on public data (no per-sample rows)."""
-        hooks = getattr(self.module, "disable_hooks", None) is not None
-        if hooks:
-            self.module.disable_hooks()
-        try:
+        with hooks_disabled(self.module):
             yield self.D
-        finally:
-            if hooks:
-                self.module.enable_hooks()
 
     @contextmanager
     def frozen(self) -> Iterator[nn.Module]:
@@ -295,19 +288,8 @@ class DpDiscriminatorTrainer:
         The hooks sit on D's own submodules, so a generator step through D would otherwise store
         activations and per-sample gradients that the next DP step would mix into its batch.
         """
-        params = [p for p in self.D.parameters() if p.requires_grad]
-        hooks = getattr(self.module, "disable_hooks", None) is not None
-        for p in params:
-            p.requires_grad_(False)
-        if hooks:
-            self.module.disable_hooks()
-        try:
+        with frozen_module(self.D, self.module):
             yield self.D
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-            if hooks:
-                self.module.enable_hooks()
 
     def privacy_events(self) -> list[Event]:
         """``[(noise_multiplier, sample_rate, steps_taken)]``: what actually ran, for the ledger."""
@@ -365,11 +347,8 @@ class DpClassifierTrainer:
         """A plain Adam step on generated data: nothing of the real data enters it, so no noise and
         no charge; Opacus' hooks are off so that no per-sample rows linger for the next DP step."""
         self.optimizer.original_optimizer.zero_grad(set_to_none=True)
-        self.module.disable_hooks()
-        try:
+        with hooks_disabled(self.module):
             F.cross_entropy(self.C(fake.detach()), fake_y.long()).backward()
-        finally:
-            self.module.enable_hooks()
         self.optimizer.original_optimizer.step()
         self.optimizer.original_optimizer.zero_grad(set_to_none=True)
 
@@ -385,16 +364,37 @@ class DpClassifierTrainer:
     @contextmanager
     def frozen(self) -> Iterator[nn.Module]:
         """C for the generator step: parameters frozen and Opacus' hooks off (see the D trainer's)."""
-        params = [p for p in self.C.parameters() if p.requires_grad]
-        for p in params:
-            p.requires_grad_(False)
-        self.module.disable_hooks()
-        try:
+        with frozen_module(self.C, self.module):
             yield self.C
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-            self.module.enable_hooks()
+
+
+@contextmanager
+def hooks_disabled(module: nn.Module) -> Iterator[None]:
+    """Opacus' grad-sample hooks off on ``module`` (a no-op for a module without them), so a pass
+    through it stores no activations or per-sample rows for the next DP step to mix in."""
+    hooks = getattr(module, "disable_hooks", None) is not None
+    if hooks:
+        module.disable_hooks()
+    try:
+        yield
+    finally:
+        if hooks:
+            module.enable_hooks()
+
+
+@contextmanager
+def frozen_module(net: nn.Module, wrapped: nn.Module) -> Iterator[None]:
+    """``net``'s trainable parameters frozen and the hooks of its Opacus wrapper ``wrapped`` off:
+    a generator step through it leaves no gradient and no per-sample row behind."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        with hooks_disabled(wrapped):
+            yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def _wrap(D: nn.Module, grad_sample_mode: str) -> nn.Module:
