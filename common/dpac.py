@@ -23,6 +23,8 @@ Framework-free; methods call these functions from their own slices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -80,6 +82,24 @@ def classifier_step(C: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y
     return loss.detach()
 
 
+# Modes in which C learns from real data (in centralized DPAC, each such step is a charged DP step).
+REAL_DATA_MODES = ("seq", "joint", "real")
+
+
+def run_mode(mode: str, *, real: Callable[[], object], fake: Callable[[], object], joint: Callable[[], object]) -> None:
+    """C's share of one critic step as ``mode`` says, given how to take a step on real data, on the
+    generated data, and on both at once: the one place that says what each mode means (the client's
+    non-private C and the curator's DP-SGD C both dispatch here)."""
+    if mode not in TRAIN_MODES:
+        raise ValueError(f"unknown DPAC training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
+    if mode in ("seq", "real"):
+        real()
+    if mode == "joint":
+        joint()
+    if mode in ("seq", "fake"):
+        fake()
+
+
 def train_classifier(
     C: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -89,18 +109,13 @@ def train_classifier(
     fake: Tensor,
     fake_y: Tensor,
 ) -> None:
-    """C's share of one critic step, as ``mode`` (one of ``TRAIN_MODES``) says."""
-    if mode == "seq":
-        classifier_step(C, optimizer, real, real_y)
-        classifier_step(C, optimizer, fake, fake_y)
-    elif mode == "joint":
-        classifier_step(C, optimizer, torch.cat([real, fake.detach()]), torch.cat([real_y, fake_y]))
-    elif mode == "real":
-        classifier_step(C, optimizer, real, real_y)
-    elif mode == "fake":
-        classifier_step(C, optimizer, fake, fake_y)
-    else:
-        raise ValueError(f"unknown DPAC training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
+    """C's share of one critic step on a client (no noise: C is never released)."""
+    run_mode(
+        mode,
+        real=lambda: classifier_step(C, optimizer, real, real_y),
+        fake=lambda: classifier_step(C, optimizer, fake, fake_y),
+        joint=lambda: classifier_step(C, optimizer, torch.cat([real, fake.detach()]), torch.cat([real_y, fake_y])),
+    )
 
 
 def combined_sample_grads(D: nn.Module, C: nn.Module | None, fake: Tensor, y: Tensor, beta: float) -> Tensor:

@@ -48,6 +48,7 @@ from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from .dpac import run_mode
 from .grouped_clip import GroupedDPOptimizer, equal_bounds, group_norms, parameter_groups, scaled_bounds
 from .models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
 from .privacy.analysis import Event, check_delta
@@ -353,13 +354,13 @@ class DpClassifierTrainer:
         self.optimizer.original_optimizer.zero_grad(set_to_none=True)
 
     def train(self, mode: str, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> None:
-        """C's share of one round, as DPAC's ``mode`` says (``common/dpac.py``)."""
-        if mode in ("seq", "real"):
-            self.dp_step(real, real_y)
-        if mode == "joint":
-            self.dp_step(torch.cat([real, fake.detach()]), torch.cat([real_y, fake_y]))
-        if mode in ("seq", "fake"):
-            self.free_step(fake, fake_y)
+        """C's share of one round, as DPAC's ``mode`` says (``common/dpac.run_mode``)."""
+        run_mode(
+            mode,
+            real=lambda: self.dp_step(real, real_y),
+            fake=lambda: self.free_step(fake, fake_y),
+            joint=lambda: self.dp_step(torch.cat([real, fake.detach()]), torch.cat([real_y, fake_y])),
+        )
 
     @contextmanager
     def frozen(self) -> Iterator[nn.Module]:

@@ -29,7 +29,7 @@ from common.calibration import subsampled_noise
 from common.codec import PayloadError
 from common.data import load_client_partition, num_classes_for
 from common.device import resolve_device
-from common.dpac import build_classifier
+from common.dpac import REAL_DATA_MODES, build_classifier
 from common.dpsgd import AdaptiveND, DpClassifierTrainer, DpDiscriminatorTrainer, build_dpgan_discriminator
 from common.grouped_clip import BOUND_RULES, GROUPINGS, NOISE_FORMS
 from common.messages import StateDict, Stats
@@ -190,7 +190,7 @@ def classifier_dp_steps(cfg: ExperimentConfig, rounds: int) -> int:
 def classifier_round_steps(cfg: ExperimentConfig) -> int:
     """DP-SGD steps of DPAC's classifier per round after its init: one unless it learns from
     generated data only."""
-    return 1 if cfg.dpac_beta < 1 and cfg.dpac_train in ("seq", "real", "joint") else 0
+    return 1 if cfg.dpac_beta < 1 and cfg.dpac_train in REAL_DATA_MODES else 0
 
 
 def node_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path) -> PrivacyLedger:
