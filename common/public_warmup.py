@@ -9,7 +9,6 @@ EMA of G starts from the warmed G. The privacy statement names the public data.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,22 +22,25 @@ if TYPE_CHECKING:
     from common.config import ExperimentConfig
 
 
-@functools.lru_cache(maxsize=2)
-def _public_cpu(key: str, cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
-    from common.data.public import public_arrays
-
-    images, labels = public_arrays(cfg)
-    pixels = torch.as_tensor(images, dtype=torch.uint8).to(torch.float32).div_(255.0).unsqueeze(1)
-    return pixels, torch.as_tensor(labels, dtype=torch.int64)
+_PUBLIC: dict[str, tuple[Tensor, Tensor]] = {}  # public_key -> tensors: the last public set, per process
 
 
 def public_tensors(cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
-    """The public examples as float ``[n, 1, 28, 28]`` in [0, 1] and int64 labels (cached per process)."""
-    return _public_cpu(public_key(cfg), cfg)
+    """The public examples as float ``[n, 1, 28, 28]`` in [0, 1] and int64 labels (cached per process),
+    converted exactly as a client's partition is (``client_data_from_arrays``)."""
+    key = public_key(cfg)
+    if key not in _PUBLIC:
+        from common.data import client_data_from_arrays
+        from common.data.public import public_arrays
+
+        data = client_data_from_arrays(*public_arrays(cfg), client_id=-1, inverted=False)
+        _PUBLIC.clear()
+        _PUBLIC[key] = (data.images, data.labels)
+    return _PUBLIC[key]
 
 
 def public_key(cfg: ExperimentConfig) -> str:
-    """The config fields the public set depends on (also what a statement names)."""
+    """The config fields the public set depends on."""
     return repr(
         (
             cfg.public_data,
