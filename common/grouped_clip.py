@@ -37,18 +37,6 @@ BOUND_RULES = ("equal", "public")
 NOISE_FORMS = ("isotropic", "proportional")
 
 
-def grouping_sentence(cfg) -> str:
-    """The privacy statement's sentence on grouped clipping (empty without grouping)."""
-    if cfg.dpgan_clip_groups == "none":
-        return ""
-    bounds = "estimated on public data" if cfg.dpgan_group_bounds == "public" else "equal"
-    return (
-        f"D's per-example gradients are clipped per parameter group ({cfg.dpgan_clip_groups}, {bounds} bounds C_j "
-        f"with √Σ C_j² = {cfg.dpgan_clip:g}, the sensitivity), and the noise is {cfg.dpgan_group_noise}: one "
-        "Gaussian mechanism with the same σ, so ε is that of flat clipping."
-    )
-
-
 def parameter_groups(module: nn.Module, grouping: str) -> list[list[nn.Parameter]]:
     """The trainable parameters of ``module`` in groups (``GROUPINGS``), each group non-empty."""
     named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]

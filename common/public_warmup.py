@@ -4,7 +4,7 @@ declared public (``--public-data``, ``common/data/public.py``) before any privat
 Costs no privacy: nothing private enters it. Every method uses it where its networks live (GS-WGAN:
 the server's G, with a public D that is then discarded, and each client's D before its own warm
 start; DPGAN: the curator's G and D; Fed-Avg GAN: the server's G and the first global D). The
-EMA of G starts from the warmed G. The privacy statement names the public data.
+EMA of G starts from the warmed G. The privacy statement names the public data (``statement.public_data_sentence``).
 """
 
 from __future__ import annotations
@@ -61,21 +61,6 @@ def public_batch(cfg: ExperimentConfig, n: int, rng: torch.Generator, device: to
     images, labels = public_tensors(cfg)
     idx = torch.randint(len(labels), (n,), generator=rng)
     return images[idx].to(device), labels[idx].to(device)
-
-
-def describe(cfg: ExperimentConfig) -> str:
-    """One sentence for the privacy statement: what was declared public and what it was used for."""
-    if not cfg.public_data:
-        return ""
-    what = {
-        "synthetic": "the embedded synthetic handwriting (its own seed, no private writer)",
-        "holdout": "a held-apart slice of the training data, in no client's partition",
-    }[cfg.public_data]
-    uses = f"a non-private warm start of {cfg.public_warmup_steps} steps" if cfg.public_warmup_steps else "no training"
-    return (
-        f"Declared public by the user ({cfg.public_size} examples): {what}; used for {uses}. Public data costs no "
-        "privacy and is outside every ε here, so it must really be public."
-    )
 
 
 def pretrain_gan(

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from common.comm import CommCounter
 from common.config import ExperimentConfig
 from common.data import num_classes_for
+from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
-from common.public_warmup import describe as describe_public
 
 from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
@@ -308,7 +308,7 @@ def _finish(
     state.repeats.clear()
     report = strategy.privacy_report(final=True)
     if cfg.public_data and report.get("statement"):  # what the user declared public, whatever the method
-        report["statement"] += " " + describe_public(cfg)
+        report["statement"] += " " + public_data_sentence(cfg)
     run.write_json("privacy.json", privacy_document(cfg, report))
     if state.step > 0:
         run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)

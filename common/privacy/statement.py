@@ -13,9 +13,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .ledger import PrivacyLedger
+
+if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this package
+    from common.config import ExperimentConfig
 
 RULE_PER_CLIENT = (
     "per-client, untrusted server: each answered query is one Gaussian mechanism with noise "
@@ -304,6 +307,34 @@ _PROTECTED = {
     KIND_EXAMPLE: "one training example, against anyone who sees the released generator",
     KIND_USER: "one client's whole data set, against anyone who sees the released model (the server is trusted)",
 }
+
+
+# --- options that cost no privacy, named so that a reader need not ask ----------------------------
+def public_data_sentence(cfg: ExperimentConfig) -> str:
+    """One sentence for the privacy statement: what was declared public and what it was used for."""
+    if not cfg.public_data:
+        return ""
+    what = {
+        "synthetic": "the embedded synthetic handwriting (its own seed, no private writer)",
+        "holdout": "a held-apart slice of the training data, in no client's partition",
+    }[cfg.public_data]
+    uses = f"a non-private warm start of {cfg.public_warmup_steps} steps" if cfg.public_warmup_steps else "no training"
+    return (
+        f"Declared public by the user ({cfg.public_size} examples): {what}; used for {uses}. Public data costs no "
+        "privacy and is outside every ε here, so it must really be public."
+    )
+
+
+def grouping_sentence(cfg: ExperimentConfig) -> str:
+    """The privacy statement's sentence on grouped clipping (empty without grouping)."""
+    if cfg.dpgan_clip_groups == "none":
+        return ""
+    bounds = "estimated on public data" if cfg.dpgan_group_bounds == "public" else "equal"
+    return (
+        f"D's per-example gradients are clipped per parameter group ({cfg.dpgan_clip_groups}, {bounds} bounds C_j "
+        f"with √Σ C_j² = {cfg.dpgan_clip:g}, the sensitivity), and the noise is {cfg.dpgan_group_noise}: one "
+        "Gaussian mechanism with the same σ, so ε is that of flat clipping."
+    )
 
 
 def epsilon_meaning(epsilon: float | None, *, delta: float, kind: str = KIND_PER_CLIENT) -> str:

@@ -18,14 +18,20 @@ from torch import nn
 from common.codec import PayloadError
 from common.config import ExperimentConfig
 from common.device import resolve_device
-from common.grouped_clip import grouping_sentence
 from common.messages import LEDGER, LedgerQuery
 from common.methods.dpgan import CURATOR, MSG_ROUND, DpganReply, DpganRound
 from common.models import GeneratorEMA, build_generator
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.sampling import VOID_SAMPLING_SEED
-from common.privacy.statement import KIND_EXAMPLE, RULE_DPGAN, client_entry, dpgan_statement, not_private_reasons
+from common.privacy.statement import (
+    KIND_EXAMPLE,
+    RULE_DPGAN,
+    client_entry,
+    dpgan_statement,
+    grouping_sentence,
+    not_private_reasons,
+)
 from protos import wire
 
 from .base import Incoming, Outgoing, StepOutcome, Strategy
