@@ -35,7 +35,8 @@ RULE_AMPLIFIED_WOR = (
 RULE_DPGAN = (
     "example-level, trusted curator: DP-SGD on the discriminator (Opacus; Poisson sampling q = B/N "
     "from a CSPRNG, per-example clipping of real and fake rows to C, noise σC), composed over the "
-    "discriminator steps that ran; generator steps are post-processing"
+    "DP steps that ran (the discriminator's, and DPAC's classifier's on real data when it is on); "
+    "generator steps are post-processing"
 )
 RULE_FEDAVG_USER = (
     "user-level DP-FedAvg, trusted server (an assumption about the server): each round every client "
