@@ -166,11 +166,9 @@ def test_simulate_marks_a_client_silent_beyond_the_reply_timeout_as_failed(tmp_p
 
     cfg = cfg_for(tmp_path, steps=3, num_clients=2, reply_timeout_s=2.0)
     run = RunDirectory.create(cfg)
-    start = time.monotonic()
     summary, error = run_on_transport(
         2, _experiment_fn(cfg, run, False, None, "flower-simulation"), "flower", reply_timeout_s=2.0, client_app=sleepy
     )
     assert error is None, error
     rogue = summary["clients"][ROGUE]
     assert rogue["status"] == "failed" and "no reply within 2 s" in str(rogue), rogue
-    assert time.monotonic() - start < 120
