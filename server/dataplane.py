@@ -95,7 +95,7 @@ MAX_WORKER_MESSAGE = 64 * 1024 * 1024
 
 
 class DataPlaneServicer(pb_grpc.DataPlaneServicer):
-    """Accepts one stream per expected node whose hello carries the right token.
+    """Accepts one stream per expected node whose hello carries the right token, once per run.
 
     Before authentication a stream holds one of a few slots for at most ``HELLO_DEADLINE_S``, so
     silent or garbage connections cannot lock real workers out of the server's thread pool, and a
@@ -144,9 +144,10 @@ class DataPlaneServicer(pb_grpc.DataPlaneServicer):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
         session = Session()
         with self.connected:
-            old = self.sessions.get(hello.node_id)
-            if old is not None and not old.closed.is_set():
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, "a worker of this node is already connected")
+            if hello.node_id in self.sessions:
+                # A token opens one session per run: a second stream (while the worker is connected,
+                # or after it left) is refused, so a token seen once is worth nothing afterwards.
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "this node's token was already used in this run")
             self.sessions[hello.node_id] = session
             self.connected.notify_all()
         threading.Thread(target=self._read, args=(request_iterator, session), daemon=True).start()

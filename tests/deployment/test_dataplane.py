@@ -179,6 +179,39 @@ def test_a_wrong_token_is_refused(tmp_path):
         transport.close()
 
 
+def test_a_token_opens_one_session_per_run(tmp_path):
+    """Issue 14, item 7: a node's token stayed valid for the whole run after its worker left, so
+    anyone who saw it once could take the node's place. The right token is refused while its worker
+    is connected, and still after the worker's stream has closed."""
+    import os
+    import signal
+
+    import grpc
+
+    from protos import dataplane_pb2 as pb
+    from protos import dataplane_pb2_grpc as pb_grpc
+
+    transport, control = started(tmp_path, idle_s=30)
+    try:
+        node = next(iter(control.contexts))
+        token = node_token(transport.secret, run_id_of(control), node)
+        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token=token))
+        stub = pb_grpc.DataPlaneStub(grpc.insecure_channel(f"127.0.0.1:{transport.server_port}"))
+        session = transport.servicer.sessions[node]
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Connect(iter([hello]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert transport.servicer.sessions[node] is session and not session.closed.is_set()
+        os.kill(transport.worker_pids[node], signal.SIGKILL)
+        wait_until(session.closed.is_set, timeout_s=30, what="the killed worker's stream to close")
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Connect(iter([hello]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert transport.servicer.sessions[node] is session  # nobody took the node's place
+    finally:
+        transport.close()
+
+
 def test_plaintext_beyond_loopback_is_refused(tmp_path):
     control = control_for(1)
     transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(bind="0.0.0.0", address="10.1.2.3"))
