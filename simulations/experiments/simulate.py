@@ -106,6 +106,7 @@ def run_on_transport(
     from server.app import RunResult, make_server_app
 
     from .flower_tuning import prompt_message_delivery, run_client_actors_at_normal_priority
+    from .reaper import watch
 
     _quiet_flower()
     run_client_actors_at_normal_priority()
@@ -114,11 +115,12 @@ def run_on_transport(
     backend = {
         "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
         # "local": always a fresh Ray instance of our own, never one left behind by a killed run
-        # (whose agents may ignore SIGTERM): ray.init() would otherwise attach to it.
+        # (whose agents may ignore SIGTERM): ray.init() would otherwise attach to it. watch() below
+        # ends such leftovers when this process is killed.
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
     }
     try:
-        with prompt_message_delivery() as on_pushed:
+        with watch(), prompt_message_delivery() as on_pushed:
             run_simulation(
                 server_app=make_server_app(server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s),
                 client_app=client_app,

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,32 @@ def test_signal_then_resume(tmp_path, transport, signum):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_completed"] == stopped_at + 2
     assert sum(c["queries"] for c in summary["clients"]) == stopped_at + 2
+
+
+def test_a_killed_flower_simulation_leaves_nothing_running(tmp_path):
+    """Issue 14, item 16: killing the CLI (SIGKILL; SIGTERM is turned into an abort by Ray) left
+    Ray's dashboard and runtime-env agents and the ClientApp actor running under init, ignoring
+    SIGTERM. The reaper the CLI starts ends every process the simulation started."""
+    from simulations.deploy.processes import alive, descendants
+    from tests.helpers import wait_until
+
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulations.cli",
+        "simulate",
+        *tiny_flags(synthetic_samples_per_writer=24, log_every=1, steps=100000, transport="flower", out=out),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics.jsonl"
+    try:
+        wait_until(lambda: metrics.exists() and metrics.read_text().strip(), timeout_s=240, what="the first step")
+        started = descendants([proc.pid])
+        names = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid, _ in started]
+        assert any(b"ray::" in name for name in names), names  # Ray's agents and actor, and the reaper
+    finally:
+        proc.kill()
+    output, _ = proc.communicate(timeout=60)
+    wait_until(lambda: not any(alive(p) for p in started), timeout_s=60, what="every started process to end")
+    assert "ended" in output and "process(es) the simulation left running" in output, output
