@@ -73,6 +73,27 @@ def _channel(address: str, ca: str):
     return grpc.insecure_channel(address, options)
 
 
+def fragments(envelope):
+    """``envelope`` as Envelopes of at most REPLY_FRAGMENT content bytes each, all but the last
+    marked ``more``: the server's receive limit is 1 MiB, a paper-scale reply ~15 MB."""
+    from common.net import REPLY_FRAGMENT
+
+    content = envelope.content
+    if len(content) <= REPLY_FRAGMENT:
+        return [envelope]
+    cuts = range(0, len(content), REPLY_FRAGMENT)
+    return [
+        type(envelope)(
+            seq=envelope.seq,
+            message_type=envelope.message_type,
+            content=content[start : start + REPLY_FRAGMENT],
+            error=envelope.error,
+            more=start + REPLY_FRAGMENT < len(content),
+        )
+        for start in cuts
+    ]
+
+
 class Worker:
     def __init__(self, spec: dict[str, Any]) -> None:
         from flwr.app import Context, RecordDict
@@ -125,7 +146,8 @@ class Worker:
                 if kind == "shutdown":
                     return f"shutdown: {message.shutdown.reason}"
                 if kind == "request":
-                    self.outbox.put(pb.NodeMessage(reply=self._answer(message.request)))
+                    for fragment in fragments(self._answer(message.request)):
+                        self.outbox.put(pb.NodeMessage(reply=fragment))
             return "stream closed by the server"
         except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the server is gone
             code = err.code() if hasattr(err, "code") else None

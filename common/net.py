@@ -5,6 +5,9 @@ from __future__ import annotations
 import ipaddress
 
 MAX_GRPC_MESSAGE = 256 * 1024 * 1024  # gRPC's 4 MiB default is below a paper-model query
+# A data-plane worker sends its replies in fragments of at most this many content bytes, so that
+# the server's one receive limit (which also applies before authentication) can stay at 1 MiB.
+REPLY_FRAGMENT = 512 * 1024
 
 
 def is_loopback(host: str) -> bool:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/dataplane.proto\x12\x13\x66\x65\x64gan.dataplane.v1\"7\n\x05Hello\x12\x0e\n\x06run_id\x18\x01 \x01(\x04\x12\x0f\n\x07node_id\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\t\"M\n\x08\x45nvelope\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cmessage_type\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x13\n\x04Ping\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x9d\x01\n\x0bNodeMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.fedgan.dataplane.v1.HelloH\x00\x12.\n\x05reply\x18\x02 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.EnvelopeH\x00\x12)\n\x04pong\x18\x03 \x01(\x0b\x32\x19.fedgan.dataplane.v1.PingH\x00\x42\x06\n\x04kind\"\xa7\x01\n\rServerMessage\x12\x30\n\x07request\x18\x01 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.EnvelopeH\x00\x12)\n\x04ping\x18\x02 \x01(\x0b\x32\x19.fedgan.dataplane.v1.PingH\x00\x12\x31\n\x08shutdown\x18\x03 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.ShutdownH\x00\x42\x06\n\x04kind2`\n\tDataPlane\x12S\n\x07\x43onnect\x12 .fedgan.dataplane.v1.NodeMessage\x1a\".fedgan.dataplane.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/dataplane.proto\x12\x13\x66\x65\x64gan.dataplane.v1\"7\n\x05Hello\x12\x0e\n\x06run_id\x18\x01 \x01(\x04\x12\x0f\n\x07node_id\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\t\"[\n\x08\x45nvelope\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cmessage_type\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0c\n\x04more\x18\x05 \x01(\x08\"\x13\n\x04Ping\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x9d\x01\n\x0bNodeMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.fedgan.dataplane.v1.HelloH\x00\x12.\n\x05reply\x18\x02 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.EnvelopeH\x00\x12)\n\x04pong\x18\x03 \x01(\x0b\x32\x19.fedgan.dataplane.v1.PingH\x00\x42\x06\n\x04kind\"\xa7\x01\n\rServerMessage\x12\x30\n\x07request\x18\x01 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.EnvelopeH\x00\x12)\n\x04ping\x18\x02 \x01(\x0b\x32\x19.fedgan.dataplane.v1.PingH\x00\x12\x31\n\x08shutdown\x18\x03 \x01(\x0b\x32\x1d.fedgan.dataplane.v1.ShutdownH\x00\x42\x06\n\x04kind2`\n\tDataPlane\x12S\n\x07\x43onnect\x12 .fedgan.dataplane.v1.NodeMessage\x1a\".fedgan.dataplane.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=47
   _globals['_HELLO']._serialized_end=102
   _globals['_ENVELOPE']._serialized_start=104
-  _globals['_ENVELOPE']._serialized_end=181
-  _globals['_PING']._serialized_start=183
-  _globals['_PING']._serialized_end=202
-  _globals['_SHUTDOWN']._serialized_start=204
-  _globals['_SHUTDOWN']._serialized_end=230
-  _globals['_NODEMESSAGE']._serialized_start=233
-  _globals['_NODEMESSAGE']._serialized_end=390
-  _globals['_SERVERMESSAGE']._serialized_start=393
-  _globals['_SERVERMESSAGE']._serialized_end=560
-  _globals['_DATAPLANE']._serialized_start=562
-  _globals['_DATAPLANE']._serialized_end=658
+  _globals['_ENVELOPE']._serialized_end=195
+  _globals['_PING']._serialized_start=197
+  _globals['_PING']._serialized_end=216
+  _globals['_SHUTDOWN']._serialized_start=218
+  _globals['_SHUTDOWN']._serialized_end=244
+  _globals['_NODEMESSAGE']._serialized_start=247
+  _globals['_NODEMESSAGE']._serialized_end=404
+  _globals['_SERVERMESSAGE']._serialized_start=407
+  _globals['_SERVERMESSAGE']._serialized_end=574
+  _globals['_DATAPLANE']._serialized_start=576
+  _globals['_DATAPLANE']._serialized_end=672
 # @@protoc_insertion_point(module_scope)

@@ -32,7 +32,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from common.codec import PayloadError
 from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
-from common.net import MAX_GRPC_MESSAGE, is_loopback
+from common.net import MAX_GRPC_MESSAGE, REPLY_FRAGMENT, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 from protos import wire
@@ -61,6 +61,8 @@ class Session:
     # Sequence numbers the server asked this node and is still waiting for: a reply to anything else
     # (unsolicited, repeated) is dropped, so an authenticated worker cannot fill the server's memory.
     pending: set[int] = field(default_factory=set)
+    # Fragments of replies still arriving (``more`` set), by sequence number; their total is bounded.
+    partial: dict[int, list[bytes]] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
@@ -69,10 +71,28 @@ class Session:
             self.pending.add(seq)
 
     def deliver(self, envelope: pb.Envelope) -> bool:
-        """Keep a reply the server is waiting for; False (dropped) for any other."""
+        """Keep a reply (or a fragment of one) the server is waiting for; False (dropped) for any
+        other. A reply whose fragments add up to more than MAX_REPLY_BYTES becomes an error reply, so
+        the node is marked failed with the cause and nothing more of it is buffered."""
         with self.changed:
             if envelope.seq not in self.pending:
                 return False
+            parts = self.partial.setdefault(envelope.seq, [])
+            parts.append(envelope.content)
+            size = sum(len(part) for part in parts)
+            if size > MAX_REPLY_BYTES:
+                envelope = pb.Envelope(
+                    seq=envelope.seq,
+                    message_type=envelope.message_type,
+                    error=f"reply larger than {MAX_REPLY_BYTES >> 20} MiB; refused",
+                )
+            elif envelope.more:
+                return True
+            elif len(parts) > 1:
+                envelope = pb.Envelope(
+                    seq=envelope.seq, message_type=envelope.message_type, content=b"".join(parts), error=envelope.error
+                )
+            del self.partial[envelope.seq]
             self.pending.discard(envelope.seq)
             self.replies[envelope.seq] = envelope
             self.changed.notify_all()
@@ -88,10 +108,14 @@ class Session:
 HELLO_DEADLINE_S = 10.0  # an unauthenticated stream must say hello within this, or it is cut
 PRE_AUTH_SLOTS = 6  # streams allowed to be waiting for their hello at once (the rest: RESOURCE_EXHAUSTED)
 MAX_HELLO_BYTES = 4096  # a hello is a run id, a node id and a 64-character token
-# What the server accepts from a worker, before and after authentication (gRPC has one limit per
-# server): the largest honest reply is a paper-scale DPGAN generator (3.8M float32 weights, ~15 MB);
-# 64 MiB bounds what the pre-authentication slots can make the server buffer to 6 × 64 MiB.
-MAX_WORKER_MESSAGE = 64 * 1024 * 1024
+# gRPC has one receive limit per server, before and after authentication alike, so workers send
+# replies in fragments of at most REPLY_FRAGMENT (common/net.py) bytes and the limit stays small:
+# the pre-authentication slots can make the server buffer at most 6 × 1 MiB.
+MAX_WORKER_MESSAGE = 1024 * 1024
+# A whole reply, its fragments joined: the largest honest one is a paper-scale DPGAN generator
+# (3.8M float32 weights, ~15 MB); only replies the server asked for are buffered.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+assert REPLY_FRAGMENT + 4096 < MAX_WORKER_MESSAGE  # a fragment and its envelope fit in one message
 
 
 class DataPlaneServicer(pb_grpc.DataPlaneServicer):

@@ -303,24 +303,53 @@ def test_replies_nobody_asked_for_are_dropped():
     assert list(session.replies) == [8]
 
 
-def test_the_server_reads_at_most_64_mib_from_any_stream(tmp_path):
+def test_the_server_reads_at_most_1_mib_per_message_from_any_stream(tmp_path):
     """Issue 14, item 7: the 256 MiB limit applied before authentication (8 × 250 MiB hellos took the
-    ServerApp from 250 MiB to 2.26 GiB); a worker's largest honest reply is ~15 MB."""
+    ServerApp from 250 MiB to 2.26 GiB). gRPC has one limit per server, so workers send replies in
+    512 KiB fragments and the limit is 1 MiB for everyone."""
     import grpc
 
     from protos import dataplane_pb2 as pb
     from protos import dataplane_pb2_grpc as pb_grpc
-    from server import dataplane
 
     transport, control = started(tmp_path, idle_s=30)
     try:
-        huge = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * (65 * 1024 * 1024)))
-        channel = grpc.insecure_channel(
-            f"127.0.0.1:{transport.server_port}", options=[("grpc.max_send_message_length", 128 * 1024 * 1024)]
-        )
+        big = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * (1100 * 1024)))
+        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
         with pytest.raises(grpc.RpcError) as err:
-            next(pb_grpc.DataPlaneStub(channel).Connect(iter([huge]), timeout=30))
+            next(pb_grpc.DataPlaneStub(channel).Connect(iter([big]), timeout=30))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert dataplane.MAX_WORKER_MESSAGE == 64 * 1024 * 1024
     finally:
         transport.close()
+
+
+def test_large_replies_travel_in_fragments_and_are_bounded():
+    """A ~3 MiB reply (a Flower RecordDict) is cut into fragments under the 1 MiB limit and joined
+    back byte for byte; fragments adding up to more than MAX_REPLY_BYTES become an error reply."""
+    import numpy as np
+    from flwr.app import ArrayRecord, RecordDict
+    from flwr.common.serde import recorddict_to_proto
+
+    from client.worker import fragments
+    from protos import dataplane_pb2 as pb
+    from server import dataplane
+    from server.dataplane import Session
+
+    content = recorddict_to_proto(
+        RecordDict({"w": ArrayRecord([np.random.default_rng(0).standard_normal(800_000).astype("float32")])})
+    ).SerializeToString()
+    parts = fragments(pb.Envelope(seq=3, message_type="train.dpgan", content=content))
+    assert len(parts) == 7 and all(p.ByteSize() < dataplane.MAX_WORKER_MESSAGE for p in parts)
+    assert [p.more for p in parts] == [True] * 6 + [False]
+    session = Session()
+    session.expect(3)
+    assert all(session.deliver(p) for p in parts)
+    assert session.replies[3].content == content and not session.replies[3].error and not session.partial
+
+    session.expect(4)
+    chunk = pb.Envelope(seq=4, content=b"x" * (8 << 20), more=True)
+    for _ in range(dataplane.MAX_REPLY_BYTES // (8 << 20)):
+        assert session.deliver(chunk) and 4 not in session.replies
+    assert session.deliver(chunk)  # one fragment too many
+    assert "larger than 64 MiB" in session.replies[4].error and not session.partial
+    assert not session.deliver(chunk)  # the rest of it is unsolicited
