@@ -57,7 +57,17 @@ def is_running(run_id: int, node_id: int) -> bool:
     return False
 
 
-def _channel(address: str, ca: str):
+PRIVATE_NETWORK_KEY = "dataplane-private-network"
+
+
+def private_network(node_config: dict) -> bool:
+    """Whether this node's operator allows a plaintext data plane beyond loopback (node config
+    ``dataplane-private-network=true``): the node decides, never the server's run config."""
+    value = node_config.get(PRIVATE_NETWORK_KEY, False)
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _channel(address: str, ca: str, private: bool = False):
     import grpc
 
     from common.net import MAX_GRPC_MESSAGE, is_loopback
@@ -68,8 +78,11 @@ def _channel(address: str, ca: str):
     ]
     if ca:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca.encode()), options)
-    if not is_loopback(address.rsplit(":", 1)[0].strip("[]")):
-        raise SystemExit(f"refusing a plaintext data plane to {address}: beyond loopback it needs TLS")
+    if not private and not is_loopback(address.rsplit(":", 1)[0].strip("[]")):
+        raise SystemExit(
+            f"refusing a plaintext data plane to {address}: beyond loopback it needs TLS "
+            f"(or node config {PRIVATE_NETWORK_KEY}=true on a network only the deployment can reach)"
+        )
     return grpc.insecure_channel(address, options)
 
 
@@ -131,7 +144,7 @@ class Worker:
         from protos import dataplane_pb2 as pb
         from protos import dataplane_pb2_grpc as pb_grpc
 
-        channel = _channel(self.spec["address"], self.spec.get("ca", ""))
+        channel = _channel(self.spec["address"], self.spec.get("ca", ""), private_network(self.spec["node_config"]))
         self.outbox.put(
             pb.NodeMessage(
                 hello=pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"], token=self.spec["token"])

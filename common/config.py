@@ -176,6 +176,12 @@ class RunOptions:
     )
     dataplane_tls_key: str = option("", "deployments: PEM private key of the data-plane server")
     dataplane_tls_ca: str = option("", "deployments: PEM CA the workers verify the data-plane server with")
+    dataplane_private_network: bool = option(
+        False,
+        "deployments: allow the data plane in plaintext beyond loopback, because the network between the "
+        "ServerApp and the nodes is private (one host's compose network); every node must allow it too "
+        "(node config dataplane-private-network=true), or its worker refuses to dial",
+    )
     dataplane_idle_s: float = option(
         300.0, "deployments: a worker that hears nothing (not even the server's pings) this long exits"
     )

@@ -199,6 +199,7 @@ class DataPlaneSettings:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    private_network: bool = False  # plaintext beyond loopback allowed: the operator vouches for the network
     idle_s: float = 300.0
     connect_timeout_s: float = 300.0
     reply_timeout_s: float = 300.0
@@ -213,6 +214,7 @@ def settings_from(cfg) -> DataPlaneSettings:
         tls_cert=cfg.dataplane_tls_cert,
         tls_key=cfg.dataplane_tls_key,
         tls_ca=cfg.dataplane_tls_ca,
+        private_network=cfg.dataplane_private_network,
         idle_s=cfg.dataplane_idle_s,
         # workers start a process and import torch before they dial: a start-up wait, not a reply's
         connect_timeout_s=max(cfg.reply_timeout_s, HELLO_TIMEOUT_S),
@@ -245,10 +247,11 @@ class GrpcTransport:
     def _start(self, nodes: list[int]) -> None:
         s = self.settings
         host = s.address or ("127.0.0.1" if s.bind in ("0.0.0.0", "::") else s.bind)
-        if not s.tls_cert and not (is_loopback(host) and is_loopback(s.bind)):
+        if not s.tls_cert and not s.private_network and not (is_loopback(host) and is_loopback(s.bind)):
             raise DataPlaneError(
                 f"the data plane would be reachable beyond loopback ({s.bind}, advertised as "
-                f"{host}) without TLS: set dataplane-tls-cert/-key/-ca"
+                f"{host}) without TLS: set dataplane-tls-cert/-key/-ca (or, on a network only the "
+                "deployment can reach, dataplane-private-network=true)"
             )
         self.servicer = DataPlaneServicer(self.run_id, self.secret, set(nodes))
         self.server = grpc.server(

@@ -32,10 +32,13 @@ _HEADER = """\
 # each paired with a SuperExec that runs its ClientApps. Variables come from `.env`.
 # Plain (no TLS): docker compose up --build -d
 # With TLS:       docker compose -f docker-compose.yml -f docker-compose.tls.yml up --build -d
-# Data plane: every SuperNode's node config sends its worker to serverapp:${{DATAPLANE_PORT}}, and a
-# worker refuses plaintext beyond loopback, so runs on this plain file must use Flower's message
-# path: flwr run . docker --run-config "num-clients={n} ... dataplane='flower'". The gRPC data
-# plane needs the TLS overlay (its header gives the run config).
+# Data plane: every SuperNode's node config sends its worker to serverapp:${{DATAPLANE_PORT}}. A
+# worker refuses plaintext beyond loopback unless its node config says dataplane-private-network=true,
+# which this plain file does: its compose network (FEDGAN_SUBNET) joins only these containers on one
+# host, so the ServerApp and the workers may talk in plaintext there. Add to a run's --run-config:
+{run_config}
+# (Flower's own message path, dataplane='flower', also works: ~10 s per step.) Anything beyond this
+# host needs the TLS overlay, whose node configs drop the mark.
 """
 
 # What the SuperLink is started with, after its TLS (or --insecure) flags; the TLS overlay restates it.
@@ -88,8 +91,8 @@ _SERVERAPP = """\
       FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION: "1"
     expose:
       # The data plane: the ServerApp's gRPC server that each node's worker dials (the SuperNodes'
-      # dataplane-address). It listens only on runs with the TLS overlay's run config
-      # (dataplane-bind='0.0.0.0' dataplane-port=DATAPLANE_PORT); compose networks need no `ports`.
+      # dataplane-address). It listens on runs whose run config has dataplane-bind='0.0.0.0'
+      # dataplane-port=DATAPLANE_PORT (the headers' run configs); compose networks need no `ports`.
       - ${DATAPLANE_PORT}
     volumes:
       # The ServerApp starts in /app, so `runs/NNNNN-...` (or out='runs/NAME') lands here.
@@ -156,6 +159,16 @@ _CLIENTAPP = """\
     restart: unless-stopped
     depends_on:
       - supernode-{i}
+"""
+
+# The default network with an explicit subnet (FEDGAN_SUBNET in .env): compose creates it on `up`
+# and removes it on `down`, and a fixed private range cannot collide with a network Docker picks.
+_NETWORKS = """
+networks:
+  default:
+    ipam:
+      config:
+        - subnet: ${FEDGAN_SUBNET}
 """
 
 _TLS_HEADER = """\
@@ -237,43 +250,56 @@ def tls_run_config(dataplane_port: int | str) -> str:
     )
 
 
-def node_config(partition_id: int, num_clients: int) -> str:
+def plain_run_config(dataplane_port: int | str) -> str:
+    """The ``--run-config`` keys that serve a run's data plane in plaintext from ``serverapp`` on the
+    plain file's private compose network (the SuperNodes allow it in their node config)."""
+    return f"dataplane='grpc' dataplane-bind='0.0.0.0' dataplane-port={dataplane_port} dataplane-private-network=true"
+
+
+def node_config(partition_id: int, num_clients: int, *, private_network: bool = False) -> str:
     """The ``--node-config`` value of one SuperNode, YAML-quoted.
 
     The string values keep their own quotes because Flower parses each ``key=value`` as TOML.
     ``${DATAPLANE_PORT}`` is left for docker-compose, which interpolates it inside the string.
+    ``private_network``: the node lets its worker dial the data plane in plaintext (plain file only).
     """
     value = (
         f"partition-id={partition_id} num-partitions={num_clients} "
         "state-dir='/state' data-dir='/data' "
         f"dataplane-address='{DATAPLANE_HOST}:${{DATAPLANE_PORT}}'"
+        + (" dataplane-private-network=true" if private_network else "")
     )
     return '"' + value + '"'
 
 
 def render_base(num_clients: int) -> str:
     """``docker-compose.yml`` for ``num_clients`` SuperNode/ClientApp pairs."""
-    parts = [_HEADER.format(n=num_clients), "services:\n", _SUPERLINK, "\n", _SERVERAPP]
+    run_config = _comment(plain_run_config("DATAPLANE_PORT"))
+    parts = [_HEADER.format(n=num_clients, run_config=run_config), "services:\n", _SUPERLINK, "\n", _SERVERAPP]
     for i in range(1, num_clients + 1):
-        fields = {"i": i, "port": SUPERNODE_RUNTIME_PORT, "node_config": node_config(i - 1, num_clients)}
+        fields = {
+            "i": i,
+            "port": SUPERNODE_RUNTIME_PORT,
+            "node_config": node_config(i - 1, num_clients, private_network=True),
+        }
         parts += ["\n", _SUPERNODE.format(**fields), "\n", _CLIENTAPP.format(**fields)]
+    parts.append(_NETWORKS)
     parts.append("\nvolumes:\n")
     parts += [f"  node-{i}-state:\n" for i in range(1, num_clients + 1)]
     return "".join(parts)
 
 
+def _comment(run_config: str) -> str:
+    """A run config as indented comment lines of at most 100 characters."""
+    return "\n".join(
+        textwrap.wrap(run_config, width=96, initial_indent="#   ", subsequent_indent="#   ", break_on_hyphens=False)
+    )
+
+
 def render_tls(num_clients: int) -> str:
     """``docker-compose.tls.yml``: swaps ``--insecure`` for certificates on SuperLink links."""
     certs = CERTS_IN_CONTAINER
-    run_config = "\n".join(
-        textwrap.wrap(
-            tls_run_config("DATAPLANE_PORT"),
-            width=96,
-            initial_indent="#   ",
-            subsequent_indent="#   ",
-            break_on_hyphens=False,
-        )
-    )
+    run_config = _comment(tls_run_config("DATAPLANE_PORT"))
     parts = [
         _TLS_HEADER.format(n=num_clients, run_config=run_config),
         "services:\n",

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from flwr.common.config import parse_config_args
 
+from client.worker import private_network
 from common.config import ExperimentConfig
 from simulations.deploy import compose
 from tests.helpers import ROOT
@@ -218,7 +219,9 @@ def test_tls_overlay_swaps_insecure_for_mounted_certificates(deployment: tuple[P
             assert service["command"] == plain[name]["command"]
             continue
         assert "--insecure" not in service["command"], name
-        assert _without_tls(service["command"]) == _without_tls(plain[name]["command"]), name
+        # the same arguments, but for the plain file's private-network mark on each node
+        unmarked = [a.replace(" dataplane-private-network=true", "") for a in _without_tls(plain[name]["command"])]
+        assert _without_tls(service["command"]) == unmarked, name
         mounts = _mounts(service)
         flags = [f for f in TLS_FLAGS if f in service["command"]]
         assert flags, f"{name} has no certificate flag"
@@ -238,6 +241,8 @@ def test_supernodes_send_their_workers_to_the_serverapp_data_plane(
     for i in range(1, num_clients + 1):
         config = parse_config_args([_flag(services[f"supernode-{i}"], "--node-config")])
         assert config["dataplane-address"] == f"{compose.DATAPLANE_HOST}:{port}"
+        # plaintext on the plain file's private compose network only; the TLS overlay drops the mark
+        assert private_network(config) == (files == BASE)
     assert compose.DATAPLANE_HOST == "serverapp" and "serverapp" in services
     assert port in [str(p) for p in services["serverapp"]["expose"]]
 

@@ -219,6 +219,22 @@ def test_plaintext_beyond_loopback_is_refused(tmp_path):
         transport.node_ids(1)
 
 
+def test_plaintext_beyond_loopback_needs_both_sides_to_call_the_network_private(tmp_path):
+    """Issue 15, item 4: on a compose network only the deployment reaches, the operator may allow a
+    plaintext data plane: the server with dataplane-private-network=true in the run config, each node
+    with the same key in its node config (a server alone cannot talk a node into plaintext)."""
+    from client.worker import _channel, private_network
+
+    assert not private_network({}) and not private_network({"dataplane-private-network": "no"})
+    assert private_network({"dataplane-private-network": True})
+    assert private_network({"dataplane-private-network": "true"})
+    with pytest.raises(SystemExit, match="needs TLS"):
+        _channel("10.1.2.3:9400", "", private=False)
+    _channel("10.1.2.3:9400", "", private=True).close()
+    transport, _ = started(tmp_path, bind="0.0.0.0", private_network=True, idle_s=30)
+    transport.close()
+
+
 def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
     import os
     import signal
