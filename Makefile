@@ -26,13 +26,15 @@ run: install
 	$(BIN)/fedgan simulate --config simulations/configs/quickstart.toml
 
 # The formatter and the linter first (configured in pyproject.toml), then the suite.
-# tests/deployment/test_compose.py validates the compose files with Debian's docker-compose (no Docker
-# engine needed), so it is installed first when missing: as root directly, otherwise with sudo.
+# tests/deployment/test_compose*.py validate the compose files with Debian's docker-compose and run
+# them on a Docker engine of their own (dockerd, from docker.io) with images built offline (mmdebstrap),
+# so those packages are installed first when missing: as root directly, otherwise with sudo.
+DEBIAN_PACKAGES := docker-compose docker.io mmdebstrap
 test: install
-	@command -v docker-compose >/dev/null 2>&1 \
-	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; } \
-	  || { command -v sudo >/dev/null 2>&1 && sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; } \
-	  || { echo "make test: could not install docker-compose; run 'apt-get install docker-compose' as root" >&2; exit 1; }
+	@{ command -v docker-compose && command -v dockerd && command -v mmdebstrap; } >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); } \
+	  || { command -v sudo >/dev/null 2>&1 && sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); } \
+	  || { echo "make test: could not install $(DEBIAN_PACKAGES); run 'apt-get install $(DEBIAN_PACKAGES)' as root" >&2; exit 1; }
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q

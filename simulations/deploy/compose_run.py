@@ -1,0 +1,201 @@
+"""Drive the Docker Compose deployment the way the README's Docker section does, from Python.
+
+The compose test (tests/deployment/test_compose_up.py) and the latency benchmark
+(bench/deploy_latency.py --compose) run exactly these commands: `docker-compose up -d` of the plain
+file or the TLS overlay, `flwr run . <federation> --stream --run-config ...`, `flwr ls --format
+json`, and `docker-compose down -v`; a Docker engine (DOCKER_HOST) and the images must be there
+(deploy/offline/dockerd.sh and build-images.sh where no engine runs and no registry is reachable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import compose
+
+ROOT = compose.ROOT
+OFFLINE = ROOT / "deploy" / "offline"
+BIN = Path(sys.executable).parent
+FLOWER_UID = 49999  # Flower's images run as this user: the runs directory and server.key must be its
+
+
+class ComposeError(RuntimeError):
+    """A compose, flwr or docker command failed; the message holds its output."""
+
+
+def sh(*args: str | Path, env: dict[str, str], timeout: float = 600) -> str:
+    """Run a command in the repository root; its stdout, or ComposeError with its output."""
+    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise ComposeError(
+            f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc.stdout
+
+
+def env_file() -> dict[str, str]:
+    """The ``KEY=value`` lines of ``.env`` (compose's defaults; the environment overrides them)."""
+    lines = (line.strip() for line in (ROOT / compose.ENV_FILE).read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def run_config(**values: object) -> str:
+    """``values`` (ExperimentConfig field names) in Flower's run-config syntax."""
+    parts = []
+    for name, value in values.items():
+        key = name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(f"{key}={str(value).lower()}")
+        elif isinstance(value, str):
+            parts.append(f"{key}='{value}'")
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ComposeDeployment:
+    """One compose project whose host directories (runs, data, certificates, FLWR_HOME) live in
+    ``workdir``; ``engine_env`` names the engine (DOCKER_HOST)."""
+
+    workdir: Path
+    engine_env: dict[str, str]
+    project: str = field(default_factory=lambda: f"fedgan-{os.getpid()}")
+    files: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.runs, self.data, self.certs, self.flwr_home = (self.workdir / n for n in ("runs", "data", "certs", "flwr"))
+        for path in (self.runs, self.data, self.flwr_home):
+            path.mkdir(parents=True, exist_ok=True)
+        os.chown(self.runs, FLOWER_UID, FLOWER_UID)
+        self.port = _free_port()
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink.docker]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n\n'
+            f'[superlink.docker-tls]\naddress = "127.0.0.1:{self.port}"\n'
+            f'root-certificates = "{self.certs}/ca.crt"\n'
+        )
+        self.env = dict(
+            self.engine_env,
+            PATH=f"{BIN}{os.pathsep}{self.engine_env.get('PATH', os.environ['PATH'])}",
+            COMPOSE_PROJECT_NAME=self.project,
+            SUPERLINK_PORT=str(self.port),
+            FEDGAN_RUNS_DIR=str(self.runs),
+            FEDGAN_DATA_DIR=str(self.data),
+            FEDGAN_CERTS_DIR=str(self.certs),
+            FLWR_HOME=str(self.flwr_home),
+        )
+        self.dataplane_port = env_file()["DATAPLANE_PORT"]
+
+    # ---- the README's commands --------------------------------------------------------------
+    def up(self, *, tls: bool) -> None:
+        """`docker-compose [-f base -f tls] up -d`; with TLS, certificates are generated first (a
+        missing mounted file would become a directory) and server.key given to uid 49999."""
+        if tls:
+            sh("bash", ROOT / "deploy/certs/generate.sh", self.certs, env=dict(self.env, KEY_BITS="2048"))
+            os.chown(self.certs / "server.key", FLOWER_UID, FLOWER_UID)
+        self.files = (compose.BASE_FILE, compose.TLS_FILE) if tls else (compose.BASE_FILE,)
+        sh("docker-compose", *self._file_args(), "up", "-d", env=self.env)
+        self._wait_for_superlink(timeout_s=120)
+
+    def _wait_for_superlink(self, timeout_s: float) -> None:
+        """`up -d` returns once the containers exist; the SuperLink answers `flwr ls` a few seconds
+        later (the README's `flwr run` right after `up` would otherwise find nothing listening)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.flwr_ls()
+                return
+            except ComposeError as err:
+                if time.monotonic() > deadline:
+                    raise ComposeError(f"the SuperLink did not answer within {timeout_s:.0f} s: {err}") from err
+                time.sleep(1.0)
+
+    def flwr_ls(self) -> list[dict]:
+        """`flwr ls <federation> --format json`: the runs (it exits 0 on errors too, saying so in
+        its JSON, so ``success`` is what tells)."""
+        out = sh(BIN / "flwr", "ls", self.federation, "--format", "json", env=self.env, timeout=60)
+        listing = json.loads(out)
+        if not listing.get("success"):
+            raise ComposeError(f"flwr ls {self.federation}: {listing.get('error-message', out)}")
+        return listing["runs"]
+
+    @property
+    def federation(self) -> str:
+        """The `flwr` connection the README configures for the files in use."""
+        return "docker-tls" if compose.TLS_FILE in self.files else "docker"
+
+    def flwr_run(self, name: str, **config: object) -> dict:
+        """A run through the gRPC data plane (plaintext on the plain file's private network, TLS with
+        the overlay); returns its summary.json with Flower's status of it under ``flwr_status``."""
+        federation = self.federation
+        tls = compose.TLS_FILE in self.files
+        dataplane = (compose.tls_run_config if tls else compose.plain_run_config)(self.dataplane_port)
+        sh(
+            BIN / "flwr",
+            "run",
+            ".",
+            federation,
+            "--stream",
+            "--run-config",
+            f"{run_config(out=f'runs/{name}', **config)} {dataplane}",
+            env=self.env,
+        )
+        runs = self.flwr_ls()
+        summary = json.loads((self.runs / name / "summary.json").read_text())
+        summary["flwr_status"] = [r["status"] for r in runs]
+        return summary
+
+    def node_volumes(self, num_clients: int) -> dict[int, list[str]]:
+        """The files in each node's state volume, listed by a throwaway container."""
+        image = self.env.get("FEDGAN_IMAGE") or env_file()["FEDGAN_IMAGE"]
+        found = {}
+        for i in range(1, num_clients + 1):
+            volume = f"{self.project}_node-{i}-state"
+            out = sh(
+                "docker", "run", "--rm", "-v", f"{volume}:/state", "--entrypoint", "ls", image, "/state", env=self.env
+            )
+            found[i] = sorted(out.split())
+        return found
+
+    def down(self) -> None:
+        """`docker-compose down -v`: containers, the network and the node volumes."""
+        if self.files:
+            sh("docker-compose", *self._file_args(), "down", "-v", env=self.env, timeout=300)
+            self.files = ()
+
+    def leftovers(self) -> tuple[str, str]:
+        """Containers and networks of this project still there (both empty after ``down``)."""
+        label = f"label=com.docker.compose.project={self.project}"
+        containers = sh("docker", "ps", "-aq", "--filter", label, env=self.env).strip()
+        networks = sh("docker", "network", "ls", "-q", "--filter", label, env=self.env).strip()
+        return containers, networks
+
+    def _file_args(self) -> list[str]:
+        return [arg for name in self.files for arg in ("-f", name)]
+
+
+def start_engine(state: Path, env: dict[str, str]) -> dict[str, str]:
+    """deploy/offline/dockerd.sh start: ``env`` with DOCKER_HOST naming the new engine."""
+    return dict(env, DOCKER_HOST=sh("bash", OFFLINE / "dockerd.sh", "start", state, env=env).strip())
+
+
+def stop_engine(state: Path, env: dict[str, str]) -> None:
+    sh("bash", OFFLINE / "dockerd.sh", "stop", state, env=env, timeout=120)
+
+
+def build_images(env: dict[str, str]) -> None:
+    """deploy/offline/build-images.sh with this interpreter's pip."""
+    sh("bash", OFFLINE / "build-images.sh", env=dict(env, PYTHON=sys.executable), timeout=1200)

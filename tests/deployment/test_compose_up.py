@@ -1,0 +1,102 @@
+"""The Docker Compose deployment, started for real: the README's Docker commands, run in order.
+
+A Docker engine of our own starts (deploy/offline/dockerd.sh), the images are built without a
+registry (deploy/offline/build-images.sh: a Debian base from mmdebstrap, stand-ins for Flower's
+images, ours from the unchanged Dockerfile), and then, as a user would: `docker-compose up` of the
+plain file, a short GS-WGAN run with `flwr run` (plaintext data plane on the private compose
+network), `down -v`, the same with the TLS overlay (data plane over TLS), `down -v`, and the
+engine stops. Each run's per-client queries, ε and bytes must equal the same configuration's
+in-process simulation, both runs must have gone through the gRPC data plane, and each node's
+state must stay in its own volume. Skipped, with the reason, only where no engine can start (not
+root, or no dockerd).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simulations.deploy import compose
+from simulations.deploy.compose_run import ComposeDeployment, build_images, start_engine, stop_engine
+from tests.helpers import ROOT, flags
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+# Tiny, uncompressed (message sizes do not depend on the values) and the server's sampling repeated
+# (testing flag), so the simulation asks the same clients at the same steps as the deployment.
+RUN = dict(
+    num_clients=compose.DEFAULT_NUM_CLIENTS,
+    steps=4,
+    model="tiny",
+    batch_size=8,
+    n_critic=1,
+    synthetic_samples_per_writer=24,
+    wire_compression="none",
+    sampling_seed=1,
+    eval=False,
+)
+EACH_NODE_ALONE = {i: [f"client-{i - 1:05d}.pt"] for i in range(1, RUN["num_clients"] + 1)}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A dockerd of our own for this module; stopped (with whatever it runs) at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("no Docker engine can start: dockerd is started by hand here and needs root")
+    if shutil.which("dockerd") is None or shutil.which("docker") is None:
+        pytest.skip("no Docker engine can start: dockerd/docker missing (apt-get install docker.io)")
+    state = Path(f"/tmp/fedgan-dockerd-{os.getpid()}")  # short: a unix socket path has a length limit
+    env = start_engine(state, dict(os.environ))
+    try:
+        yield env
+    finally:
+        stop_engine(state, env)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def simulated(tmp_path: Path) -> dict:
+    out = tmp_path / "simulated"
+    argv = [str(BIN / "fedgan"), "simulate", *flags(transport="inprocess", progress=False, out=out, **RUN)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def assert_matches(deployed: dict, sim: dict) -> None:
+    assert "finished:completed" in deployed["flwr_status"], deployed["flwr_status"]
+    assert deployed["status"] == "completed" and deployed["steps_completed"] == RUN["steps"]
+    assert deployed["transport"] == "flower-run+grpc-dataplane"  # the data plane carried the steps
+    for ours, theirs in zip(deployed["clients"], sim["clients"], strict=True):
+        for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
+            assert ours[key] == theirs[key], (key, ours, theirs)
+    for key in ("bytes_down_total", "bytes_up_total", "bytes_per_step"):
+        assert deployed["comm"][key] == sim["comm"][key], key
+
+
+def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
+    t0 = time.monotonic()
+    build_images(engine)
+    built = time.monotonic() - t0
+    sim = simulated(tmp_path)
+    deployment = ComposeDeployment(tmp_path / "deployment", engine, project=f"fedgan-test-{os.getpid()}")
+    summaries = {}
+    try:
+        for tls in (False, True):
+            name = "tls" if tls else "plain"
+            deployment.up(tls=tls)
+            summaries[name] = deployment.flwr_run(name, **RUN)
+            assert_matches(summaries[name], sim)
+            assert deployment.node_volumes(RUN["num_clients"]) == EACH_NODE_ALONE
+            deployment.down()
+    finally:
+        deployment.down()
+    assert deployment.leftovers() == ("", "")
+    latency = {k: s["step_latency_s"]["median"] for k, s in summaries.items()}
+    print(f"\ncompose: images {built:.0f} s, whole test {time.monotonic() - t0:.0f} s; median step {latency} s")
