@@ -9,6 +9,11 @@ bytes and ε, and the deployments' SuperLink counters. Writes ``bench/results/de
 and prints one line.
 
     python bench/deploy_latency.py [--steps 30] [--flower-steps 8] [--num-clients 3] [--model small] [--tls]
+                                   [--compose]
+
+``--compose`` adds the Docker Compose deployment (plain file, then the TLS overlay; both through the
+data plane) on a Docker engine started for the benchmark with images built offline, as the compose
+test does (deploy/offline/; needs root). ``--num-clients`` must then be NUM_CLIENTS of ``.env``.
 """
 
 from __future__ import annotations
@@ -64,6 +69,43 @@ def run(command: str, out: Path, args: argparse.Namespace, extra: list[str], ste
     }
 
 
+def compose_arms(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
+    """The same configuration through the compose deployment: plain file, then TLS overlay."""
+    import os
+
+    from simulations.deploy.compose_run import ComposeDeployment, build_images, start_engine, stop_engine
+
+    state = Path(tempfile.mkdtemp(prefix="fedgan-bench-dockerd-", dir="/tmp"))
+    env = start_engine(state, dict(os.environ))
+    config = dict(
+        num_clients=args.num_clients, steps=args.steps, model=args.model, wire_compression="none", sampling_seed=1,
+        batch_size=32, n_critic=5, eval=False, progress=False, sample_every=1000000,
+    )  # fmt: skip
+    arms = {}
+    try:
+        build_images(env)
+        deployment = ComposeDeployment(tmp / "compose", env)
+        try:
+            for tls in (False, True):
+                deployment.up(tls=tls)
+                summary = deployment.flwr_run("tls" if tls else "plain", **config)
+                deployment.down()
+                arms["compose_tls" if tls else "compose_plain"] = {
+                    "step_latency_s": summary["step_latency_s"],
+                    "bytes_per_step": summary["comm"]["bytes_per_step"],
+                    "clients": [
+                        {k: c[k] for k in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")}
+                        for c in summary["clients"]
+                    ],
+                    "deployment": {"flwr_status": summary["flwr_status"], "transport": summary["transport"]},
+                }
+        finally:
+            deployment.down()
+    finally:
+        stop_engine(state, env)
+    return arms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30, help="steps of the simulation and the gRPC deployment")
@@ -71,6 +113,7 @@ def main() -> None:
     parser.add_argument("--num-clients", type=int, default=3)
     parser.add_argument("--model", default="small")
     parser.add_argument("--tls", action="store_true", help="deploy with TLS and SuperNode authentication")
+    parser.add_argument("--compose", action="store_true", help="also the Docker Compose deployment, plain and TLS")
     args = parser.parse_args()
     secure = ["--tls", "--auth"] if args.tls else []
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,6 +126,8 @@ def main() -> None:
                 "deploy", Path(tmp) / "flower", args, ["--local", "--transport", "flower", *secure], args.flower_steps
             ),
         }
+        if args.compose:
+            arms.update(compose_arms(args, Path(tmp)))
     median = {k: v["step_latency_s"]["median"] for k, v in arms.items()}
     # CT does not depend on which clients answered with fixed-size encodings: it must be equal.
     same = len({a["bytes_per_step"]["total"] for a in arms.values()}) == 1
@@ -91,10 +136,15 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     ct = {k: v["bytes_per_step"]["total"] for k, v in arms.items()}
+    compose = (
+        f", compose plain {median['compose_plain']:.3f} s, compose TLS {median['compose_tls']:.3f} s"
+        if args.compose
+        else ""
+    )
     print(
         f"median step: simulation {median['simulation']:.3f} s, deploy gRPC data plane {median['deploy_grpc']:.3f} s, "
-        f"deploy Flower messages {median['deploy_flower']:.2f} s; CT {ct['simulation']:,.0f} / {ct['deploy_grpc']:,.0f}"
-        f" / {ct['deploy_flower']:,.0f} B; bytes per step equal: {same} -> {out}"
+        f"deploy Flower messages {median['deploy_flower']:.2f} s{compose}; CT {ct['simulation']:,.0f} / "
+        f"{ct['deploy_grpc']:,.0f} / {ct['deploy_flower']:,.0f} B; bytes per step equal: {same} -> {out}"
     )
 
 

@@ -21,3 +21,23 @@ def allow_nonprivate(tmp_path, monkeypatch):
     path.write_text("allow-nonprivate = true\n")
     monkeypatch.setenv(POLICY_ENV, str(path))
     return path
+
+
+COMPOSE_TEST = "tests/deployment/test_compose_up.py"
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: no engine for a test that will not run
+def pytest_collection_modifyitems(config, items):
+    """The compose test runs last, and its engine and images are prepared while the others run."""
+    compose = [item for item in items if item.nodeid.startswith(COMPOSE_TEST)]
+    if compose:
+        items[:] = [item for item in items if not item.nodeid.startswith(COMPOSE_TEST)] + compose
+        from tests.compose_engine import PREBUILD
+
+        PREBUILD.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.compose_engine import PREBUILD
+
+    PREBUILD.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from simulations.deploy import compose
-from simulations.deploy.compose_run import ComposeDeployment, build_images, start_engine, stop_engine
+from simulations.deploy.compose_run import ComposeDeployment
+from tests.compose_engine import PREBUILD
 from tests.helpers import ROOT, flags
 
 pytestmark = pytest.mark.slow
@@ -47,18 +47,14 @@ EACH_NODE_ALONE = {i: [f"client-{i - 1:05d}.pt"] for i in range(1, RUN["num_clie
 
 @pytest.fixture(scope="module")
 def engine():
-    """A dockerd of our own for this module; stopped (with whatever it runs) at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("no Docker engine can start: dockerd is started by hand here and needs root")
-    if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        pytest.skip("no Docker engine can start: dockerd/docker missing (apt-get install docker.io)")
-    state = Path(f"/tmp/fedgan-dockerd-{os.getpid()}")  # short: a unix socket path has a length limit
-    env = start_engine(state, dict(os.environ))
+    """A dockerd of our own with the images built (started while the other tests ran: see
+    tests/compose_engine.py); stopped, with whatever it runs, at the end of this module."""
+    if PREBUILD.skip_reason:
+        pytest.skip(PREBUILD.skip_reason)
     try:
-        yield env
+        yield PREBUILD.wait()
     finally:
-        stop_engine(state, env)
-        shutil.rmtree(state, ignore_errors=True)
+        PREBUILD.stop()
 
 
 def simulated(tmp_path: Path) -> dict:
@@ -82,8 +78,6 @@ def assert_matches(deployed: dict, sim: dict) -> None:
 
 def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
     t0 = time.monotonic()
-    build_images(engine)
-    built = time.monotonic() - t0
     sim = simulated(tmp_path)
     deployment = ComposeDeployment(tmp_path / "deployment", engine, project=f"fedgan-test-{os.getpid()}")
     summaries = {}
@@ -99,4 +93,5 @@ def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
         deployment.down()
     assert deployment.leftovers() == ("", "")
     latency = {k: s["step_latency_s"]["median"] for k, s in summaries.items()}
-    print(f"\ncompose: images {built:.0f} s, whole test {time.monotonic() - t0:.0f} s; median step {latency} s")
+    took = time.monotonic() - t0
+    print(f"\ncompose: images {PREBUILD.build_s:.0f} s (in the background), test {took:.0f} s; median step {latency} s")
