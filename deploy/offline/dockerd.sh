@@ -3,7 +3,8 @@
 # root, with its own state, socket and log under DIR, so it never touches another engine.
 #
 #   deploy/offline/dockerd.sh start DIR    then: export DOCKER_HOST=unix://DIR/docker.sock
-#   deploy/offline/dockerd.sh stop DIR     (SIGTERM, then SIGKILL after 30 s; containers die with it)
+#   deploy/offline/dockerd.sh stop DIR     (SIGTERM, then SIGKILL after 30 s; containers die with it;
+#                                          what it mounted under DIR is unmounted)
 #
 # Images and layers live in FEDGAN_DOCKER_DATA_ROOT (default ~/.cache/fedgan-offline/docker), so a
 # second start finds the images already built. overlay2 is tried first, vfs (slow, but it works on
@@ -21,12 +22,20 @@ running() { [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 answers() { DOCKER_HOST="unix://$sock" docker info >/dev/null 2>&1; }
 
 stop() {
-    running || { rm -f "$pidfile"; return 0; }
+    running || { rm -f "$pidfile"; unmount_exec_root; return 0; }
     local pid; pid="$(cat "$pidfile")"
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then say "dockerd $pid ignored SIGTERM for 30 s; SIGKILL"; kill -KILL "$pid" || true; fi
     rm -f "$pidfile"
+    unmount_exec_root
+}
+
+unmount_exec_root() {  # dockerd leaves its network namespace bind-mounted under the exec root
+    awk -v d="$dir/exec/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
+        umount -l "$m" 2>/dev/null || true
+    done
+    rm -rf "$dir/exec"
 }
 
 start_with() {  # $1: storage driver; 0 when the engine answers within 60 s
