@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/fedgan simulate --config simulations/configs/quickstart.toml
 
-# The formatter and the linter first (configured in pyproject.toml), then the suite.
+# The formatter and the linter first (configured in pyproject.toml), then the suite on two pytest-xdist
+# workers (most of its time is spent waiting on subprocesses: deployments, Flower, Docker).
 # tests/deployment/test_compose*.py validate the compose files with Debian's docker-compose and run
 # them on a Docker engine of their own (dockerd, from docker.io) with images built offline (mmdebstrap),
 # so those packages are installed first when missing: as root directly, otherwise with sudo.
@@ -37,7 +38,7 @@ test: install
 	  || { echo "make test: could not install $(DEBIAN_PACKAGES); run 'apt-get install $(DEBIAN_PACKAGES)' as root" >&2; exit 1; }
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 protos: install
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos protos/fedgan.proto

@@ -26,18 +26,40 @@ def allow_nonprivate(tmp_path, monkeypatch):
 COMPOSE_TEST = "tests/deployment/test_compose_up.py"
 
 
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker
+
+
+def pytest_configure(config):
+    if not _is_worker(config):
+        from tests.compose_engine import state_dir
+
+        state_dir()  # names the engine's directory in the environment before xdist starts its workers
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: no engine for a test that will not run
 def pytest_collection_modifyitems(config, items):
-    """The compose test runs last, and its engine and images are prepared while the others run."""
+    """The compose test runs last; without xdist, its engine and images are prepared meanwhile."""
     compose = [item for item in items if item.nodeid.startswith(COMPOSE_TEST)]
     if compose:
         items[:] = [item for item in items if not item.nodeid.startswith(COMPOSE_TEST)] + compose
+        if not _is_worker(config):
+            from tests.compose_engine import PREBUILD
+
+            PREBUILD.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist's controller: a worker collected the compose test, so prepare its engine and images."""
+    if any(nodeid.startswith(COMPOSE_TEST) for nodeid in ids):
         from tests.compose_engine import PREBUILD
 
         PREBUILD.start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from tests.compose_engine import PREBUILD
+    if not _is_worker(session.config):
+        from tests.compose_engine import PREBUILD
 
-    PREBUILD.stop()
+        PREBUILD.stop()

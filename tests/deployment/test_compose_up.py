@@ -24,7 +24,7 @@ import pytest
 
 from simulations.deploy import compose
 from simulations.deploy.compose_run import ComposeDeployment
-from tests.compose_engine import PREBUILD
+from tests import compose_engine
 from tests.helpers import ROOT, flags
 
 pytestmark = pytest.mark.slow
@@ -47,14 +47,9 @@ EACH_NODE_ALONE = {i: [f"client-{i - 1:05d}.pt"] for i in range(1, RUN["num_clie
 
 @pytest.fixture(scope="module")
 def engine():
-    """A dockerd of our own with the images built (started while the other tests ran: see
-    tests/compose_engine.py); stopped, with whatever it runs, at the end of this module."""
-    if PREBUILD.skip_reason:
-        pytest.skip(PREBUILD.skip_reason)
-    try:
-        yield PREBUILD.wait()
-    finally:
-        PREBUILD.stop()
+    """A dockerd of our own with the images built, prepared while the other tests ran and stopped
+    at the end of the session (tests/compose_engine.py)."""
+    return compose_engine.wait()
 
 
 def simulated(tmp_path: Path) -> dict:
@@ -77,6 +72,7 @@ def assert_matches(deployed: dict, sim: dict) -> None:
 
 
 def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
+    engine, build_s = engine
     t0 = time.monotonic()
     sim = simulated(tmp_path)
     deployment = ComposeDeployment(tmp_path / "deployment", engine, project=f"fedgan-test-{os.getpid()}")
@@ -94,4 +90,4 @@ def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
     assert deployment.leftovers() == ("", "")
     latency = {k: s["step_latency_s"]["median"] for k, s in summaries.items()}
     took = time.monotonic() - t0
-    print(f"\ncompose: images {PREBUILD.build_s:.0f} s (in the background), test {took:.0f} s; median step {latency} s")
+    print(f"\ncompose: images {build_s:.0f} s (in the background), test {took:.0f} s; median step {latency} s")

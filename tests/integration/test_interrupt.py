@@ -12,19 +12,19 @@ import pytest
 from tests.helpers import ROOT, tiny_flags
 
 
+def start_endless_run(out: Path, transport: str) -> subprocess.Popen:
+    """`fedgan simulate` of a tiny run too long to finish, writing a metrics line every step."""
+    flags = tiny_flags(synthetic_samples_per_writer=24, log_every=1, steps=100000, transport=transport, out=out)
+    cmd = [sys.executable, "-m", "simulations.cli", "simulate", *flags]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 # Under Flower's runtime Ray's own C-level handler takes SIGTERM (and aborts the process; the last
 # checkpoint stays intact), so the Flower arm is stopped with Ctrl-C (SIGINT), as a user would.
 @pytest.mark.parametrize("transport, signum", [("inprocess", signal.SIGTERM), ("flower", signal.SIGINT)])
 def test_signal_then_resume(tmp_path, transport, signum):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "simulations.cli",
-        "simulate",
-        *tiny_flags(synthetic_samples_per_writer=24, log_every=1, steps=100000, transport=transport, out=out),
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_endless_run(out, transport)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -65,14 +65,7 @@ def test_a_killed_flower_simulation_leaves_nothing_running(tmp_path):
     from tests.helpers import wait_until
 
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "simulations.cli",
-        "simulate",
-        *tiny_flags(synthetic_samples_per_writer=24, log_every=1, steps=100000, transport="flower", out=out),
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_endless_run(out, "flower")
     metrics = out / "metrics.jsonl"
     try:
         wait_until(lambda: metrics.exists() and metrics.read_text().strip(), timeout_s=240, what="the first step")
