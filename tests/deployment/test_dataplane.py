@@ -83,6 +83,22 @@ def started(tmp_path, n=1, **settings) -> tuple[GrpcTransport, InProcessTranspor
     return transport, control
 
 
+def refusal(transport: GrpcTransport, hello, timeout_s: float = 30):
+    """The status code the data plane refuses a stream opening with ``hello`` with (fails if it
+    accepts it)."""
+    import grpc
+
+    from protos import dataplane_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=timeout_s))
+        return err.value.code()
+    finally:
+        channel.close()
+
+
 def test_a_second_start_says_already_running(tmp_path):
     transport, control = started(tmp_path, idle_s=30)
     try:
@@ -165,16 +181,12 @@ def test_a_wrong_token_is_refused(tmp_path):
     import grpc
 
     from protos import dataplane_pb2 as pb
-    from protos import dataplane_pb2_grpc as pb_grpc
 
     transport, control = started(tmp_path, idle_s=30)
     try:
         node = next(iter(control.contexts))
         hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token="0" * 64))
-        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
-        with pytest.raises(grpc.RpcError) as err:
-            next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=10))
-        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert refusal(transport, hello) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         transport.close()
 
@@ -189,24 +201,18 @@ def test_a_token_opens_one_session_per_run(tmp_path):
     import grpc
 
     from protos import dataplane_pb2 as pb
-    from protos import dataplane_pb2_grpc as pb_grpc
 
     transport, control = started(tmp_path, idle_s=30)
     try:
         node = next(iter(control.contexts))
         token = node_token(transport.secret, run_id_of(control), node)
         hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token=token))
-        stub = pb_grpc.DataPlaneStub(grpc.insecure_channel(f"127.0.0.1:{transport.server_port}"))
         session = transport.servicer.sessions[node]
-        with pytest.raises(grpc.RpcError) as err:
-            next(stub.Connect(iter([hello]), timeout=10))
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal(transport, hello) == grpc.StatusCode.PERMISSION_DENIED
         assert transport.servicer.sessions[node] is session and not session.closed.is_set()
         os.kill(transport.worker_pids[node], signal.SIGKILL)
         wait_until(session.closed.is_set, timeout_s=30, what="the killed worker's stream to close")
-        with pytest.raises(grpc.RpcError) as err:
-            next(stub.Connect(iter([hello]), timeout=10))
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal(transport, hello) == grpc.StatusCode.PERMISSION_DENIED
         assert transport.servicer.sessions[node] is session  # nobody took the node's place
     finally:
         transport.close()
@@ -326,15 +332,11 @@ def test_the_server_reads_at_most_1_mib_per_message_from_any_stream(tmp_path):
     import grpc
 
     from protos import dataplane_pb2 as pb
-    from protos import dataplane_pb2_grpc as pb_grpc
 
     transport, control = started(tmp_path, idle_s=30)
     try:
         big = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * (1100 * 1024)))
-        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
-        with pytest.raises(grpc.RpcError) as err:
-            next(pb_grpc.DataPlaneStub(channel).Connect(iter([big]), timeout=30))
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal(transport, big) == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         transport.close()
 
