@@ -72,31 +72,46 @@ class Session:
 
     def deliver(self, envelope: pb.Envelope) -> bool:
         """Keep a reply (or a fragment of one) the server is waiting for; False (dropped) for any
-        other. A reply whose fragments add up to more than MAX_REPLY_BYTES becomes an error reply, so
-        the node is marked failed with the cause and nothing more of it is buffered."""
+        other. Only a reply in several fragments touches ``partial``: the common one-message reply
+        goes straight to ``replies``."""
         with self.changed:
             if envelope.seq not in self.pending:
                 return False
-            parts = self.partial.setdefault(envelope.seq, [])
-            parts.append(envelope.content)
-            size = sum(len(part) for part in parts)
-            if size > MAX_REPLY_BYTES:
-                envelope = pb.Envelope(
-                    seq=envelope.seq,
-                    message_type=envelope.message_type,
-                    error=f"reply larger than {MAX_REPLY_BYTES >> 20} MiB; refused",
-                )
-            elif envelope.more:
-                return True
-            elif len(parts) > 1:
-                envelope = pb.Envelope(
-                    seq=envelope.seq, message_type=envelope.message_type, content=b"".join(parts), error=envelope.error
-                )
-            del self.partial[envelope.seq]
+            if envelope.more or envelope.seq in self.partial:
+                envelope = self._join(envelope)
+                if envelope is None:
+                    return True
             self.pending.discard(envelope.seq)
             self.replies[envelope.seq] = envelope
             self.changed.notify_all()
             return True
+
+    def _join(self, fragment: pb.Envelope) -> pb.Envelope | None:
+        """Add a fragment (under the lock): None while more are to come, else the whole reply. One
+        whose fragments add up to more than MAX_REPLY_BYTES becomes an error reply, so the node is
+        marked failed with the cause and nothing more of it is buffered."""
+        parts = self.partial.setdefault(fragment.seq, [])
+        parts.append(fragment.content)
+        size = sum(len(part) for part in parts)
+        if size <= MAX_REPLY_BYTES and fragment.more:
+            return None
+        del self.partial[fragment.seq]
+        if size > MAX_REPLY_BYTES:
+            return pb.Envelope(
+                seq=fragment.seq,
+                message_type=fragment.message_type,
+                error=f"reply larger than {MAX_REPLY_BYTES >> 20} MiB; refused",
+            )
+        return pb.Envelope(
+            seq=fragment.seq, message_type=fragment.message_type, content=b"".join(parts), error=fragment.error
+        )
+
+    def forget(self, seq: int) -> None:
+        """The server stopped waiting for ``seq`` (timed out): a late reply is dropped, and the
+        fragments of it that did arrive are freed."""
+        with self.changed:
+            self.pending.discard(seq)
+            self.partial.pop(seq, None)
 
     def close(self) -> None:
         self.closed.set()
@@ -376,7 +391,7 @@ class GrpcTransport:
                     return None, "the node's data-plane stream closed (worker or node gone)"
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    session.pending.discard(seq)  # a late reply is not wanted any more
+                    session.forget(seq)  # a late reply is not wanted any more
                     return None, f"no reply within {timeout_s:.0f} s"
                 session.changed.wait(timeout=min(left, 1.0))
             return session.replies.pop(seq), ""

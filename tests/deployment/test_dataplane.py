@@ -371,3 +371,8 @@ def test_large_replies_travel_in_fragments_and_are_bounded():
     assert session.deliver(chunk)  # one fragment too many
     assert "larger than 64 MiB" in session.replies[4].error and not session.partial
     assert not session.deliver(chunk)  # the rest of it is unsolicited
+
+    session.expect(5)  # a reply the server gave up on (timed out) mid-way: its fragments are freed
+    assert session.deliver(pb.Envelope(seq=5, content=b"x" * 100, more=True)) and 5 in session.partial
+    session.forget(5)
+    assert not session.partial and not session.deliver(pb.Envelope(seq=5, content=b"x"))
