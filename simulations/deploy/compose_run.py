@@ -47,17 +47,14 @@ def env_file() -> dict[str, str]:
 
 
 def run_config(**values: object) -> str:
-    """``values`` (ExperimentConfig field names) in Flower's run-config syntax."""
-    parts = []
-    for name, value in values.items():
-        key = name.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(f"{key}={str(value).lower()}")
-        elif isinstance(value, str):
-            parts.append(f"{key}='{value}'")
-        else:
-            parts.append(f"{key}={value}")
-    return " ".join(parts)
+    """``values`` (ExperimentConfig field names, checked) in Flower's run-config syntax, each value
+    as the pyproject's run-config table writes it (``toml_value``)."""
+    from common.config import ExperimentConfig
+    from simulations.devtools.flwr_config import toml_value
+
+    run = ExperimentConfig.from_mapping(values, source="run config").to_run_config()
+    keys = [name.replace("_", "-") for name in values]
+    return " ".join(f"{key}={toml_value(run[key])}" for key in keys)
 
 
 def _free_port() -> int:
