@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
@@ -80,16 +81,12 @@ def terminate(started: list[subprocess.Popen], *, grace_s: float = 10.0) -> list
     Returns the processes that had to be killed."""
     targets = [p for p in (identity(s.pid) for s in started) if p is not None]
     targets += descendants([s.pid for s in started])
-    for proc in targets:
-        _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in targets):
+
+    def reap() -> None:
         for s in started:
             s.poll()  # reap our direct children so they do not linger as zombies
-        time.sleep(0.1)
-    killed = [p for p in targets if alive(p)]
-    for proc in killed:
-        _signal(proc, signal.SIGKILL)
+
+    killed = end(targets, grace_s=grace_s, reap=reap)
     for s in started:
         try:
             s.wait(timeout=5)
@@ -98,9 +95,24 @@ def terminate(started: list[subprocess.Popen], *, grace_s: float = 10.0) -> list
     return killed
 
 
+def end(targets: list[Proc], *, grace_s: float, reap: Callable[[], None] = lambda: None) -> list[Proc]:
+    """SIGTERM ``targets`` that are still the same processes, SIGKILL those left after ``grace_s``
+    (``reap`` runs while waiting). Returns the ones that had to be killed."""
+    for proc in targets:
+        _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in targets):
+        reap()
+        time.sleep(0.1)
+    killed = [p for p in targets if alive(p)]
+    for proc in killed:
+        _signal(proc, signal.SIGKILL)
+    return killed
+
+
 def _signal(proc: Proc, signum: int) -> None:
     if alive(proc):
         try:
             os.kill(proc[0], signum)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from simulations.deploy.processes import Proc, alive, descendants, identity
+from simulations.deploy.processes import Proc, alive, descendants, end, identity
 
 POLL_S = 1.0  # how often the reaper lists the CLI's descendants (a /proc scan: about a millisecond)
 SETTLE_S = 2.0  # after EOF, for processes still shutting down on their own (a normal end)
@@ -75,28 +75,8 @@ def reap(
     while time.monotonic() < deadline and any(alive(p) for p in seen.values()):
         time.sleep(0.1)
     left = [p for p in seen.values() if alive(p)]
-    _end(left, grace_s)
+    end(left, grace_s=grace_s)
     return left
-
-
-def _end(procs: list[Proc], grace_s: float) -> None:
-    import signal
-
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in procs):
-        time.sleep(0.1)
-    for proc in procs:
-        _signal(proc, signal.SIGKILL)
-
-
-def _signal(proc: Proc, signum: int) -> None:
-    if alive(proc):
-        try:
-            os.kill(proc[0], signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def main(argv: list[str]) -> int:
