@@ -29,44 +29,44 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def settings(args: argparse.Namespace, steps: int) -> dict[str, object]:
+    """The one configuration every arm runs (ExperimentConfig field names)."""
+    return dict(
+        num_clients=args.num_clients, steps=steps, model=args.model, wire_compression="none", sampling_seed=1,
+        batch_size=32, n_critic=5, eval=False, progress=False, sample_every=1000000,
+    )  # fmt: skip
+
+
+def cli_flags(values: dict[str, object]) -> list[str]:
+    """``values`` as the fedgan command line spells them (booleans as --x / --no-x)."""
+    flags: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def arm(summary: dict, deployment: object) -> dict:
+    """What the benchmark keeps of one run's summary.json."""
+    keys = ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")
+    return {
+        "step_latency_s": summary["step_latency_s"],
+        "bytes_per_step": summary["comm"]["bytes_per_step"],
+        "clients": [{k: c[k] for k in keys} for c in summary["clients"]],
+        "deployment": deployment,
+    }
+
+
 def run(command: str, out: Path, args: argparse.Namespace, extra: list[str], steps: int) -> dict:
-    argv = [
-        str(BIN / "fedgan"),
-        command,
-        *extra,
-        "--num-clients",
-        str(args.num_clients),
-        "--steps",
-        str(steps),
-        "--model",
-        args.model,
-        "--wire-compression",
-        "none",
-        "--sampling-seed",
-        "1",
-        "--batch-size",
-        "32",
-        "--n-critic",
-        "5",
-        "--no-eval",
-        "--no-progress",
-        "--sample-every",
-        "1000000",
-        "--out",
-        str(out),
-    ]
+    argv = [str(BIN / "fedgan"), command, *extra, *cli_flags(settings(args, steps)), "--out", str(out)]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {
-        "step_latency_s": summary["step_latency_s"],
-        "bytes_per_step": summary["comm"]["bytes_per_step"],
-        "clients": [
-            {k: c[k] for k in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")} for c in summary["clients"]
-        ],
-        "deployment": summary.get("deployment"),
-    }
+    return arm(summary, summary.get("deployment"))
 
 
 def compose_arms(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
@@ -77,10 +77,6 @@ def compose_arms(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
 
     state = Path(tempfile.mkdtemp(prefix="fedgan-bench-dockerd-", dir="/tmp"))
     env = start_engine(state, dict(os.environ))
-    config = dict(
-        num_clients=args.num_clients, steps=args.steps, model=args.model, wire_compression="none", sampling_seed=1,
-        batch_size=32, n_critic=5, eval=False, progress=False, sample_every=1000000,
-    )  # fmt: skip
     arms = {}
     try:
         build_images(env)
@@ -88,17 +84,10 @@ def compose_arms(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
         try:
             for tls in (False, True):
                 deployment.up(tls=tls)
-                summary = deployment.flwr_run("tls" if tls else "plain", **config)
+                summary = deployment.flwr_run("tls" if tls else "plain", **settings(args, args.steps))
                 deployment.down()
-                arms["compose_tls" if tls else "compose_plain"] = {
-                    "step_latency_s": summary["step_latency_s"],
-                    "bytes_per_step": summary["comm"]["bytes_per_step"],
-                    "clients": [
-                        {k: c[k] for k in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")}
-                        for c in summary["clients"]
-                    ],
-                    "deployment": {"flwr_status": summary["flwr_status"], "transport": summary["transport"]},
-                }
+                status = {"flwr_status": summary["flwr_status"], "transport": summary["transport"]}
+                arms["compose_tls" if tls else "compose_plain"] = arm(summary, status)
         finally:
             deployment.down()
     finally:
