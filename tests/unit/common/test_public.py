@@ -14,6 +14,10 @@ from common.data.public import held_out, public_arrays
 from common.data.synthetic import synthetic_writer
 
 
+def _snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
 def _moved(before: list[torch.Tensor], module: torch.nn.Module) -> bool:
     """Whether any parameter of ``module`` differs from its copy in ``before``."""
     return any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
@@ -68,7 +72,7 @@ def test_gswgan_public_warm_start_moves_g_and_charges_nobody():
 
     cfg = ExperimentConfig(model="tiny", num_clients=3, public_data="synthetic", public_size=64, public_warmup_steps=2)
     server = ServerGenerator(cfg, 10)
-    before = [p.detach().clone() for p in server.model.parameters()]
+    before = _snapshot(server.model)
     assert not server.public_warmed
     server.public_warm_start()
     assert server.public_warmed and server.ema.num_updates == 0
@@ -85,7 +89,7 @@ def test_gswgan_clients_warm_start_on_public_data_first_at_no_cost():
         model="tiny", num_clients=2, batch_size=8, public_data="synthetic", public_size=32, public_warmup_steps=3
     )
     state = client_state.new_state(cfg, 0)
-    before = [p.detach().clone() for p in state.discriminator.parameters()]
+    before = _snapshot(state.discriminator)
     first_contact(state, cfg)
     assert state.warmed_up and state.ledger.queries == 0
     assert _moved(before, state.discriminator)
@@ -104,7 +108,7 @@ def test_dpgan_public_warm_start_adds_no_dp_step():
         public_warmup_steps=2,
     )
     node = new_node(cfg)
-    before = [p.detach().clone() for p in node.generator.parameters()]
+    before = _snapshot(node.generator)
     run_round(node, cfg)
     assert node.public_warmed and node.ledger.queries == 2  # the round's n_D steps, nothing for the warm start
     assert _moved(before, node.generator)
@@ -123,8 +127,8 @@ def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
         public_warmup_steps=2,
     )
     strategy = FedAvgGanStrategy(cfg, 10, "")
-    g_before = [p.detach().clone() for p in strategy.generator.parameters()]
-    d_before = [p.detach().clone() for p in strategy.discriminator.parameters()]
+    g_before = _snapshot(strategy.generator)
+    d_before = _snapshot(strategy.discriminator)
     strategy.configure_step(0, [])
     assert strategy.public_warmed and strategy.ema.num_updates == 0
     assert _moved(g_before, strategy.generator)
