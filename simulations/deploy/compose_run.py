@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import compose
+from .local import DeployError, flwr_json, free_port
 
 ROOT = compose.ROOT
 OFFLINE = ROOT / "deploy" / "offline"
@@ -57,12 +57,6 @@ def run_config(**values: object) -> str:
     return " ".join(f"{key}={toml_value(run[key])}" for key in keys)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class ComposeDeployment:
     """One compose project whose host directories (runs, data, certificates, FLWR_HOME) live in
@@ -78,7 +72,7 @@ class ComposeDeployment:
         for path in (self.runs, self.data, self.flwr_home):
             path.mkdir(parents=True, exist_ok=True)
         os.chown(self.runs, FLOWER_UID, FLOWER_UID)
-        self.port = _free_port()
+        self.port = free_port()
         (self.flwr_home / "config.toml").write_text(
             f'[superlink.docker]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n\n'
             f'[superlink.docker-tls]\naddress = "127.0.0.1:{self.port}"\n'
@@ -115,19 +109,14 @@ class ComposeDeployment:
             try:
                 self.flwr_ls()
                 return
-            except ComposeError as err:
+            except DeployError as err:
                 if time.monotonic() > deadline:
                     raise ComposeError(f"the SuperLink did not answer within {timeout_s:.0f} s: {err}") from err
                 time.sleep(1.0)
 
     def flwr_ls(self) -> list[dict]:
-        """`flwr ls <federation> --format json`: the runs (it exits 0 on errors too, saying so in
-        its JSON, so ``success`` is what tells)."""
-        out = sh(BIN / "flwr", "ls", self.federation, "--format", "json", env=self.env, timeout=60)
-        listing = json.loads(out)
-        if not listing.get("success"):
-            raise ComposeError(f"flwr ls {self.federation}: {listing.get('error-message', out)}")
-        return listing["runs"]
+        """`flwr ls <federation> --format json`: the runs."""
+        return flwr_json(("ls", self.federation, "--format", "json"), env=self.env, timeout=60)["runs"]
 
     @property
     def federation(self) -> str:

@@ -48,6 +48,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def flwr_json(args: tuple[str, ...] | list[str], *, env: dict[str, str], timeout: float = 120) -> Any:
+    """Run Flower's CLI (``--format json``) and return its answer; DeployError when it printed no JSON
+    or said ``success: false`` (it exits 0 on some failures, such as an unreachable SuperLink)."""
+    result = subprocess.run(["flwr", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = result.stdout
+    try:
+        answer = json.loads(out[out.index("{") :])
+    except ValueError as err:
+        raise DeployError(
+            f"`flwr {' '.join(args)}` gave no JSON (exit {result.returncode}):\n{out[-2000:]}{result.stderr[-2000:]}"
+        ) from err
+    if not answer.get("success", False):
+        raise DeployError(f"`flwr {' '.join(args)}` failed: {answer.get('error-message', answer)}")
+    return answer
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
     """Until ``host:port`` accepts connections; fails early, with the log's tail, if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
@@ -232,20 +248,7 @@ class LocalDeployment:
     # ---- Flower CLI -----------------------------------------------------------------------------
     def flwr(self, *args: str, timeout: float = 120) -> Any:
         """Run Flower's CLI against this deployment; returns its JSON answer."""
-        result = subprocess.run(
-            ["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-        out = result.stdout
-        try:
-            answer = json.loads(out[out.index("{") :])
-        except ValueError as err:
-            raise DeployError(
-                f"`flwr {' '.join(args)}` gave no JSON (exit {result.returncode}):\n"
-                f"{out[-2000:]}{result.stderr[-2000:]}"
-            ) from err
-        if not answer.get("success", False):
-            raise DeployError(f"`flwr {' '.join(args)}` failed: {answer.get('error-message', answer)}")
-        return answer
+        return flwr_json(args, env=self.env, timeout=timeout)
 
     def submit(self, run_config: Path) -> str:
         """``flwr run`` this project with ``run_config``; returns Flower's run id."""
