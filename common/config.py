@@ -33,6 +33,7 @@ PARTITIONS = ("writer", "iid", "dirichlet", "shards")
 MODELS = ("tiny", "small", "paper")
 DATAPLANES = ("grpc", "flower")
 ACCOUNTANTS = ("rdp", "prv")
+MAX_CLIENTS = 1_000_000  # a ledger and a partition per client; ~300x federated EMNIST's 3,400
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,7 @@ def _validate(c: ExperimentConfig) -> None:
         lambda v: v >= 1,
         "must be >= 1",
     )
+    check(c.num_clients <= MAX_CLIENTS, "num_clients", c.num_clients, f"must be at most {MAX_CLIENTS:,}")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
     check(not check_device_name(c.device), "device", c.device, check_device_name(c.device))

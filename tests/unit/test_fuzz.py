@@ -114,3 +114,15 @@ def test_the_toml_cases_the_review_found_are_clear_errors(tmp_path):
             assert words in str(err) and str(path) in str(err)
         else:
             raise AssertionError(f"{text!r} was accepted")
+
+
+def test_a_huge_num_clients_is_a_config_error_not_a_list_of_a_billion_ids():
+    """The fuzz test found it in CI: num_clients=10**9 built ``list(range(10**9))`` while validating and
+    the worker was killed for memory; 1e308 overflowed inside ``range``."""
+    for value in (10**9, 2**63 - 1, 1e308):
+        try:
+            ExperimentConfig.from_mapping({"num_clients": value}, source="fuzz")
+        except ConfigError as err:
+            assert "num_clients" in str(err) and "at most 1,000,000" in str(err)
+        else:
+            raise AssertionError(f"num_clients={value!r} was accepted")
