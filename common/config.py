@@ -158,6 +158,13 @@ class RunOptions:
         "seconds the server waits for a message's replies; a client silent that long is marked "
         "failed and not asked again (a dead SuperNode), and the run goes on with the others",
     )
+    parallel_clients: int = option(
+        1,
+        "simulations: clients computed at once when a step queries several (clients_per_step > 1): Flower's "
+        "simulation runs this many ClientApp actors (separate processes) with cores/N threads each, so a "
+        "step of m clients takes about ceil(m/N) client times; the in-process transport calls clients one "
+        "at a time and ignores it. Wall time only: every client computes exactly as alone",
+    )
     # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
     dataplane: str = option(
         "flower",
@@ -377,6 +384,7 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     check(c.num_clients <= MAX_CLIENTS, "num_clients", c.num_clients, f"must be at most {MAX_CLIENTS:,}")
+    check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
     check(not check_device_name(c.device), "device", c.device, check_device_name(c.device))

@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from common.config import ExperimentConfig
@@ -70,7 +71,9 @@ def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop:
 
 def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
     server_fn = _experiment_fn(cfg, run, resume, stop, "flower-simulation")
-    return run_on_transport(cfg.num_clients, server_fn, "flower", reply_timeout_s=cfg.reply_timeout_s)
+    return run_on_transport(
+        cfg.num_clients, server_fn, "flower", reply_timeout_s=cfg.reply_timeout_s, parallel=cfg.parallel_clients
+    )
 
 
 def _experiment_fn(cfg, run, resume, stop, name):
@@ -86,11 +89,12 @@ def run_on_transport(
     *,
     reply_timeout_s: float = 300.0,
     client_app: Any = None,
+    parallel: int = 1,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
-    (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed) or by
-    calling the ClientApp in-process. Returns (result, error). ``client_app``: the project's unless
-    a test passes another."""
+    (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed; ``parallel``
+    ClientApp actors) or by calling the ClientApp in-process. Returns (result, error).
+    ``client_app``: the project's unless a test passes another."""
     if client_app is None:
         from client.app import app as client_app
 
@@ -113,14 +117,14 @@ def run_on_transport(
     result = RunResult()
     cpus = os.cpu_count() or 1
     backend = {
-        "client_resources": {"num_cpus": cpus, "num_gpus": 0.0},
+        "client_resources": {"num_cpus": actor_cpus(cpus, parallel), "num_gpus": 0.0},
         # "local": always a fresh Ray instance of our own, never one left behind by a killed run
         # (whose agents may ignore SIGTERM): ray.init() would otherwise attach to it. watch() below
         # ends such leftovers when this process is killed.
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
     }
     try:
-        with watch(), prompt_message_delivery() as on_pushed:
+        with watch(), prompt_message_delivery() as on_pushed, client_threads_env(actor_cpus(cpus, parallel)):
             run_simulation(
                 server_app=make_server_app(server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s),
                 client_app=client_app,
@@ -130,6 +134,27 @@ def run_on_transport(
     except Exception as err:  # noqa: BLE001
         result.error = result.error or err
     return result.summary, result.error
+
+
+def actor_cpus(cpus: int, parallel: int) -> int:
+    """Cores each ClientApp actor reserves: Ray runs cpus // that many actors at once, so ``parallel``
+    clients of one step compute side by side (at most one per core)."""
+    return max(1, cpus // max(1, parallel))
+
+
+@contextmanager
+def client_threads_env(threads: int) -> Iterator[None]:
+    """Ray's workers inherit this process's environment when the simulation starts them: give each
+    actor as many compute threads as cores it reserved, unless the user chose (FEDGAN_CLIENT_THREADS
+    or OMP_NUM_THREADS, which ``client.node.client_threads`` reads)."""
+    if "FEDGAN_CLIENT_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["FEDGAN_CLIENT_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        os.environ.pop("FEDGAN_CLIENT_THREADS", None)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict:
