@@ -28,6 +28,7 @@ RESUMABLE_OVERRIDES = {
     "eval_fid_samples",
     "eval_inception",
     "inception_weights",
+    "parallel_clients",  # wall time only: each client computes exactly as before
 }
 
 

@@ -75,8 +75,10 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert main(["simulate", "--resume", str(out), "--clip", "2.0"]) == 2
     assert "cannot change clip" in capsys.readouterr().err
-    assert main(["simulate", "--resume", str(out), "--steps", "5", "--no-progress", "--transport", "inprocess"]) == 0
+    resumed = ["simulate", "--resume", str(out), "--steps", "5", "--no-progress", "--transport", "inprocess"]
+    assert main([*resumed, "--parallel-clients", "2"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps_completed"] == 5
+    assert json.loads((out / "config.json").read_text())["parallel_clients"] == 2
 
 
 def test_data_info_reports_partitions(capsys):
