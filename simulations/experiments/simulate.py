@@ -8,8 +8,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from common.config import ExperimentConfig
@@ -124,7 +123,7 @@ def run_on_transport(
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
     }
     try:
-        with watch(), prompt_message_delivery() as on_pushed, client_threads_env(actor_cpus(cpus, parallel)):
+        with watch(), prompt_message_delivery() as on_pushed:
             run_simulation(
                 server_app=make_server_app(server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s),
                 client_app=client_app,
@@ -138,23 +137,9 @@ def run_on_transport(
 
 def actor_cpus(cpus: int, parallel: int) -> int:
     """Cores each ClientApp actor reserves: Ray runs cpus // that many actors at once, so ``parallel``
-    clients of one step compute side by side (at most one per core)."""
+    clients of one step compute side by side (at most one per core). Ray also sets each actor's
+    OMP_NUM_THREADS to its cores (unless the user set it), which ``client.node.client_threads`` reads."""
     return max(1, cpus // max(1, parallel))
-
-
-@contextmanager
-def client_threads_env(threads: int) -> Iterator[None]:
-    """Ray's workers inherit this process's environment when the simulation starts them: give each
-    actor as many compute threads as cores it reserved, unless the user chose (FEDGAN_CLIENT_THREADS
-    or OMP_NUM_THREADS, which ``client.node.client_threads`` reads)."""
-    if "FEDGAN_CLIENT_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    os.environ["FEDGAN_CLIENT_THREADS"] = str(threads)
-    try:
-        yield
-    finally:
-        os.environ.pop("FEDGAN_CLIENT_THREADS", None)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict:

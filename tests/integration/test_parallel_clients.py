@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from client.app import app as client_app
-from simulations.experiments.simulate import actor_cpus, client_threads_env
+from simulations.experiments.simulate import actor_cpus
 from tests.integration.test_loop_inprocess import cfg_for
 
 HOLD_S = 0.4  # each answer takes at least this long, so two answers of a step overlap only if parallel
@@ -40,7 +40,7 @@ def test_two_parallel_clients_answer_side_by_side_in_two_actors(tmp_path, monkey
     from server.reporting import RunDirectory
     from simulations.experiments.simulate import _experiment_fn, run_on_transport
 
-    for name in ("FEDGAN_CLIENT_THREADS", "OMP_NUM_THREADS"):  # the suite pins them; the run sets its own
+    for name in ("FEDGAN_CLIENT_THREADS", "OMP_NUM_THREADS"):  # the suite pins them; Ray sets each actor's own
         monkeypatch.delenv(name, raising=False)
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -68,17 +68,6 @@ def test_two_parallel_clients_answer_side_by_side_in_two_actors(tmp_path, monkey
 def test_each_actor_reserves_its_share_of_the_cores():
     assert [actor_cpus(16, p) for p in (1, 2, 3, 16, 64)] == [16, 8, 5, 1, 1]
     assert actor_cpus(2, 1) == 2 and actor_cpus(1, 4) == 1
-
-
-def test_actor_threads_follow_the_cores_unless_the_user_chose(monkeypatch):
-    for name in ("FEDGAN_CLIENT_THREADS", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
-    with client_threads_env(3):
-        assert os.environ["FEDGAN_CLIENT_THREADS"] == "3"
-    assert "FEDGAN_CLIENT_THREADS" not in os.environ
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    with client_threads_env(3):
-        assert "FEDGAN_CLIENT_THREADS" not in os.environ
 
 
 def test_parallel_clients_is_validated():
