@@ -37,18 +37,6 @@ def settings(args: argparse.Namespace, steps: int) -> dict[str, object]:
     )  # fmt: skip
 
 
-def cli_flags(values: dict[str, object]) -> list[str]:
-    """``values`` as the fedgan command line spells them (booleans as --x / --no-x)."""
-    flags: list[str] = []
-    for name, value in values.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def arm(summary: dict, deployment: object) -> dict:
     """What the benchmark keeps of one run's summary.json."""
     keys = ("client_id", "queries", "epsilon", "bytes_down", "bytes_up")
@@ -61,7 +49,9 @@ def arm(summary: dict, deployment: object) -> dict:
 
 
 def run(command: str, out: Path, args: argparse.Namespace, extra: list[str], steps: int) -> dict:
-    argv = [str(BIN / "fedgan"), command, *extra, *cli_flags(settings(args, steps)), "--out", str(out)]
+    from simulations.cli import config_flags
+
+    argv = [str(BIN / "fedgan"), command, *extra, *config_flags(**settings(args, steps)), "--out", str(out)]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")

@@ -17,7 +17,7 @@ from common.config import ExperimentConfig
 
 from .commands import resolve_config
 
-__all__ = ["build_parser", "main", "resolve_config"]
+__all__ = ["build_parser", "config_flags", "main", "resolve_config"]
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,21 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 flag, dest=f.name, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text
             )
+
+
+def config_flags(**values: object) -> list[str]:
+    """``values`` as the command line spells them, the inverse of ``add_config_flags``: ``--name value``,
+    booleans as ``--name`` / ``--no-name``; a None value leaves its flag out."""
+    out: list[str] = []
+    for name, value in values.items():
+        flag = name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            out += [f"--{flag}", str(value)]
+    return out
 
 
 NODE_POLICY_HELP = (

@@ -14,6 +14,7 @@ import numpy as np
 
 from common.codec import GsQuery, samples_per_query
 from common.config import ExperimentConfig
+from simulations.cli import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,19 +37,8 @@ TINY = dict(
 )
 
 
-def flags(**values: object) -> list[str]:
-    """``values`` as the command line spells them: one flag per config field (``add_config_flags``),
-    booleans as ``--x`` / ``--no-x``; a None value leaves its flag out."""
-    out: list[str] = []
-    for name, value in values.items():
-        flag = name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(f"--{flag}" if value else f"--no-{flag}")
-        else:
-            out += [f"--{flag}", str(value)]
-    return out
+# ``values`` as the command line spells them (booleans as --x / --no-x; None leaves a flag out).
+flags = config_flags
 
 
 def tiny_flags(**changes: object) -> list[str]:
