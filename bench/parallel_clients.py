@@ -18,33 +18,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.step_overhead import steady_step_s  # noqa: E402
+from bench.step_overhead import one_arm  # noqa: E402
 from common.config import ExperimentConfig  # noqa: E402
-from server.reporting import RunDirectory  # noqa: E402
-from simulations.experiments.simulate import _run_flower  # noqa: E402
-
-
-def one_run(cfg: ExperimentConfig) -> dict:
-    """One Flower simulation of ``cfg``: its steady-state seconds per step and what it released."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run = RunDirectory.create(cfg.replace(out=str(Path(tmp) / "run")))
-        started = time.monotonic()
-        summary, error = _run_flower(cfg, run, False)
-        if error is not None:
-            raise error
-        return {
-            "steady_step_s": steady_step_s(run.path / "metrics.jsonl"),
-            "step_s": summary["wall_s"] / summary["steps_completed"],
-            "total_s": time.monotonic() - started,
-            "queries": sum(c["queries"] or 0 for c in summary["clients"]),
-        }
 
 
 def main() -> None:
@@ -71,7 +51,7 @@ def main() -> None:
         for m in args.m:
             for parallel in (1, args.parallel):
                 cfg = base.replace(clients_per_step=m, parallel_clients=parallel)
-                runs.setdefault(f"m{m}-p{parallel}", []).append(one_run(cfg))
+                runs.setdefault(f"m{m}-p{parallel}", []).append(one_arm("flower", cfg))
     median = {arm: statistics.median(r["steady_step_s"] for r in rs) for arm, rs in runs.items()}
     speedup = {f"m{m}": median[f"m{m}-p1"] / median[f"m{m}-p{args.parallel}"] for m in args.m}
     out = {
