@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from common.client_state import ClientState, adam_for, classifier_for, new_state
+from common.client_state import ClientState, adam_for, classifier_for, keeps_discriminator, new_state
 from common.config import ExperimentConfig
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.device import resolve_device
@@ -99,8 +99,9 @@ def _blob(state: ClientState) -> dict[str, Any]:
         "client_id": state.client_id,
         "version": state.version,
         "warmed_up": state.warmed_up,
-        "discriminator": state.discriminator.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        # Empty for a client that keeps no D (DP-MERF): the file then holds its ledger and partition.
+        "discriminator": {} if state.discriminator is None else state.discriminator.state_dict(),
+        "optimizer": {} if state.optimizer is None else state.optimizer.state_dict(),
         "ledger": state.ledger.state_dict(),
         "data_rng": state.data_rng.get_state(),
         "data": _packed_data(state),
@@ -156,10 +157,12 @@ def _first_line(err: Exception) -> str:
 def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
     blob = _read_blob(path, client_id)
     try:
-        disc = _skeleton_copy(cfg).to(resolve_device(cfg.device))
-        disc.load_state_dict(blob["discriminator"])
-        optimizer = adam_for(cfg, disc)
-        optimizer.load_state_dict(blob["optimizer"])
+        disc, optimizer = None, None
+        if keeps_discriminator(cfg):
+            disc = _skeleton_copy(cfg).to(resolve_device(cfg.device))
+            disc.load_state_dict(blob["discriminator"])
+            optimizer = adam_for(cfg, disc)
+            optimizer.load_state_dict(blob["optimizer"])
         data_rng = torch.Generator()
         data_rng.set_state(blob["data_rng"])
         ledger = PrivacyLedger.from_state_dict(blob["ledger"])

@@ -29,6 +29,7 @@ METHODS: dict[str, Method] = {
     "fedavg-gan": Method(
         "common.methods.fedavg_gan", "server.strategies.fedavg_gan:FedAvgGanStrategy", "client.handlers.fedavg_gan"
     ),
+    "dp-merf": Method("common.methods.dp_merf", "server.strategies.dp_merf:DpMerfStrategy", "client.handlers.dp_merf"),
 }
 
 

@@ -49,6 +49,12 @@ RULE_FEDAVG_UNTRUSTED = (
     "per-client, untrusted server: unbounded, each sampled client sends its raw discriminator delta "
     "to the server (see epsilon_amplified for the trusted-server figure)"
 )
+RULE_DP_MERF = (
+    "per-client, untrusted server: each client releases its labelled mean embedding once, clipped to "
+    "L2 norm S (so sensitivity 2S under replacing the client's whole data), with noise std 2σS per "
+    "coordinate: one Gaussian mechanism with noise multiplier σ per release, composed over the client's "
+    "own releases without amplification; everything the server computes afterwards is post-processing"
+)
 KIND_PER_CLIENT = "per client, untrusted server"
 KIND_EXAMPLE = "per example, trusted curator"
 KIND_AMPLIFIED = "amplified, trusted sampling"
@@ -242,6 +248,32 @@ def gswgan_statement(
     # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the
     # amplified figure, and its sentence says so.
     return _assemble(list(ledgers.values()), parts, worst)
+
+
+def dp_merf_statement(
+    ledgers: Mapping[int, PrivacyLedger],
+    *,
+    delta: float,
+    accountant: str,
+    noise_multiplier: float,
+    clip: float,
+    features: int,
+    dct: int,
+    releases_used: int,
+) -> str:
+    """DP-MERF: one noisy summary per client, the generator fitted to their mean on the server."""
+    space = f"its {dct}x{dct} lowest 2-D DCT coefficients (a fixed public basis)" if dct else "its pixels"
+    intro = (
+        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). DP-MERF: each client released "
+        f"once the mean over its examples of φ(x) ⊗ onehot(y), where φ is {features} public random Fourier "
+        f"frequencies of a Gaussian kernel on {space} plus a constant coordinate (‖φ‖ = 1), clipped to L2 "
+        f"norm S = {clip:g}, with noise std 2σS per coordinate (σ = {noise_multiplier:g}): one Gaussian "
+        "mechanism with noise multiplier σ. "
+        f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "
+        "post-processing, no further privacy cost."
+    )
+    per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="noisy summaries")
+    return _assemble(list(ledgers.values()), [intro, per_client, f"Rule: {RULE_DP_MERF}."], worst)
 
 
 def dpgan_statement(
