@@ -5,7 +5,8 @@ partitioned data, calibrated with ``--target-epsilon`` in the strategy's own hea
 
 - gswgan: per-client ε against an untrusted server (what a client's own ledger guarantees);
 - dpgan: example-level ε of the pooled data set (a trusted curator holds every example);
-- fedavg-gan: user-level ε with a trusted server (DP-FedAvg; each client's raw delta reaches it).
+- fedavg-gan: user-level ε with a trusted server (DP-FedAvg; each client's raw delta reaches it);
+- dp-merf: per-client ε against an untrusted server (one noisy summary per client).
 
 ∞ is the same run without noise (``--noise-multiplier 0`` and the like, allowed by a node policy
 that permits non-private options). Every run is evaluated by its own end-of-run evaluation: the
@@ -46,6 +47,7 @@ UNITS = {
     "gswgan": "per-client, untrusted server",
     "dpgan": "example-level, trusted curator",
     "fedavg-gan": "user-level, trusted server",
+    "dp-merf": "per-client, untrusted server",
 }
 # The ∞ point: no noise. Opacus refuses σ = 0, so DPGAN's runs at σ = 1e-6 (clipping still on, ε
 # astronomically large but finite, and printed as such).
@@ -53,6 +55,7 @@ NO_NOISE = {
     "gswgan": ["--noise-multiplier", "0"],
     "dpgan": ["--dpgan-noise-multiplier", "1e-6"],
     "fedavg-gan": ["--fedavg-noise-multiplier", "0"],
+    "dp-merf": ["--merf-noise-multiplier", "0"],
 }
 
 # Per scale: flags every run shares, then each strategy's own (steps mean generator steps for
@@ -63,12 +66,17 @@ SCALES: dict[str, dict[str, list[str]]] = {
         "gswgan": ["--steps", "1500", "--critic-fakes", "query", "--lr-g", "1e-3", "--lr-d", "1e-3"],
         "dpgan": ["--steps", "300", "--dpgan-batch-size", "64"],
         "fedavg-gan": ["--steps", "150", "--fedavg-clients-per-round", "10"],
+        # One release per client, so its noise on the average falls as 1/sqrt(K): the same 60,000
+        # images in 3,000 clients of 20 (its lever, as K = 400 is GS-WGAN's); S = 1/sqrt(10) clips
+        # nothing of an IID client's summary.
+        "dp-merf": ["--num-clients", "3000", "--steps", "400", "--merf-clip", "0.32", "--ema-decay", "0.99"],
     },
     "paper": {
         "common": ["--model", "paper", "--num-clients", "1000", "--partition", "iid", "--batch-size", "32"],
         "gswgan": ["--steps", "20000", "--warmup-steps", "2000"],
         "dpgan": ["--steps", "4000", "--dpgan-batch-size", "64"],
         "fedavg-gan": ["--steps", "2000", "--fedavg-clients-per-round", "100"],
+        "dp-merf": ["--num-clients", "3000", "--steps", "2000", "--merf-clip", "0.32"],
     },
 }
 
@@ -119,6 +127,14 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
             "proportional",
         ],
     ),
+]
+
+# DP-MERF's own levers at --levers-at, each against its main row (K = 3,000, S = 0.32, 10x10 DCT).
+VARIANTS += [
+    ("dp-merf", "K = 100 (the other strategies' federation)", ["--num-clients", "100"]),
+    ("dp-merf", "K = 400 (GS-WGAN's best federation)", ["--num-clients", "400"]),
+    ("dp-merf", "S = 1 (no clipping below the summary's bound)", ["--merf-clip", "1"]),
+    ("dp-merf", "kernel on pixels instead of the 10x10 DCT", ["--merf-dct", "0"]),
 ]
 
 PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
@@ -276,7 +292,12 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         reported is not None and not math.isclose(reported, again, rel_tol=1e-9)
     ):
         raise SystemExit(f"{out}: the printed ε {reported} does not recompute from privacy.json ({again})")
-    noise = {"gswgan": "noise_multiplier", "dpgan": "dpgan_noise_multiplier", "fedavg-gan": "fedavg_noise_multiplier"}
+    noise = {
+        "gswgan": "noise_multiplier",
+        "dpgan": "dpgan_noise_multiplier",
+        "fedavg-gan": "fedavg_noise_multiplier",
+        "dp-merf": "merf_noise_multiplier",
+    }
     return {
         "strategy": strategy,
         "target": target,
@@ -400,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--only", default="", help="comma-separated strategies (default: all three)")
+    parser.add_argument("--only", default="", help="comma-separated strategies (default: all four)")
     parser.add_argument("--targets", default="1,10,100,inf", help="comma-separated target ε (inf: no noise)")
     parser.add_argument(
         "--levers-at", type=float, default=100.0, help="target ε of GS-WGAN's lever rows (0: no lever rows)"

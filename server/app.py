@@ -38,7 +38,7 @@ def make_server_app(
     server_fn: Callable[[FlowerTransport], Any],
     result: RunResult,
     *,
-    on_pushed: Callable[[], None] | None = None,
+    on_pushed: Callable[[list[int]], None] | None = None,
     reply_timeout_s: float = 300.0,
 ) -> ServerApp:
     """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.

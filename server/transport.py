@@ -8,6 +8,7 @@ benchmark and by fast tests).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,10 @@ from flwr.serverapp import Grid
 from protos.wire import message_wire_bytes, runtime_message
 
 from .strategies.base import Incoming, Outgoing
+
+# Messages of one exchange in Flower's simulation runtime at a time (see ``_send_and_receive``):
+# enough to keep every client actor busy, few enough that each delivery pass stays cheap.
+MAX_IN_FLIGHT = 64
 
 
 @dataclass
@@ -42,7 +47,8 @@ class FlowerTransport:
         *,
         timeout_s: float = 600.0,
         wait_nodes_s: float = 120.0,
-        on_pushed: Callable[[], None] | None = None,
+        on_pushed: Callable[[list[int]], None] | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         """``on_pushed`` is called after each push (the simulation runtime's wake-up, see
         ``simulations.experiments.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
@@ -50,6 +56,7 @@ class FlowerTransport:
         self.timeout_s = timeout_s
         self.wait_nodes_s = wait_nodes_s
         self.on_pushed = on_pushed
+        self.max_in_flight = max_in_flight
         if hasattr(grid, "pull_interval"):
             # The in-memory grid polls for replies every 0.1 s by default; GS-WGAN exchanges
             # thousands of small messages, so poll faster.
@@ -78,17 +85,27 @@ class FlowerTransport:
         return _collect(outgoing, replies_by_node, down, missing=f"no reply within {timeout_s:.0f} s")
 
     def _send_and_receive(self, messages: list[Message], timeout_s: float) -> Iterable[Message]:
-        """``grid.send_and_receive``, with ``on_pushed`` called between the push and the pulls."""
+        """``grid.send_and_receive``, with ``on_pushed`` called between each push and the pulls.
+
+        At most ``max_in_flight`` messages are pushed at a time, the next ones as replies come in:
+        the simulation runtime's in-memory store scans every stored message for every node on each
+        delivery pass (Flower 1.41, ``InMemoryLinkState.get_message_ins``), so pushing all K messages
+        of a step that asks every client (a hello, DP-MERF's collection) at once costs O(K²) per
+        pass: at K = 3,400 the driver spent more CPU scanning than the clients computing.
+        """
         if self.on_pushed is None:
             return self.grid.send_and_receive(messages, timeout=timeout_s)
-        pending = set(self.grid.push_messages(messages))
-        self.on_pushed()
-        deadline, replies = time.monotonic() + timeout_s, []
-        while pending and time.monotonic() < deadline:
-            pulled = list(self.grid.pull_messages(pending))
+        waiting = deque(messages)
+        deadline, replies, pending = time.monotonic() + timeout_s, [], set()
+        while (waiting or pending) and time.monotonic() < deadline:
+            if waiting and len(pending) < self.max_in_flight:
+                batch = [waiting.popleft() for _ in range(min(len(waiting), self.max_in_flight - len(pending)))]
+                pending.update(self.grid.push_messages(batch))
+                self.on_pushed([m.metadata.dst_node_id for m in batch])
+            pulled = list(self.grid.pull_messages(pending)) if pending else []
             replies += pulled
             pending.difference_update(r.metadata.reply_to_message_id for r in pulled)
-            if pending:
+            if pending and not pulled:
                 time.sleep(getattr(self.grid, "pull_interval", 0.002))
         return replies
 

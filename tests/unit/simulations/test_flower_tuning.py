@@ -15,22 +15,31 @@ from server.transport import FlowerTransport
 from simulations.experiments.flower_tuning import (
     FEEDER_NAME,
     FEEDER_PARAMS,
+    _Delivery,
     _WakeOnPush,
     prompt_message_delivery,
 )
+
+
+class FakeMessage:
+    def __init__(self, node: int = 1) -> None:
+        self.metadata = type("Metadata", (), {"dst_node_id": node})()
 
 
 class FakeState:
     """The one LinkState method the feeder calls: undelivered messages for a node."""
 
     def __init__(self) -> None:
-        self.pending: list[str] = []
+        self.pending: list[FakeMessage] = []
         self.lock = threading.Lock()
+        self.asked: list[int] = []
 
-    def get_message_ins(self, node_id: int, limit: int) -> list[str]:
+    def get_message_ins(self, node_id: int, limit: int) -> list[FakeMessage]:
         with self.lock:
-            taken, self.pending = self.pending[:limit], self.pending[limit:]
-        return taken
+            self.asked.append(node_id)
+            mine = [m for m in self.pending if m.metadata.dst_node_id == node_id][:limit]
+            self.pending = [m for m in self.pending if m not in mine]
+        return mine
 
 
 def test_flower_starts_its_feeder_through_the_module_attribute():
@@ -61,10 +70,11 @@ def test_flower_feeder_sleeps_on_its_stop_event():
 
 def _deliver(state: FakeState, queue: Queue, notify) -> None:
     """Push one message into the store, signal it, and see the feeder hand it on."""
+    message = FakeMessage(1)
     with state.lock:
-        state.pending.append("message")
-    notify()
-    assert queue.get(timeout=5) == "message"
+        state.pending.append(message)
+    notify([1])
+    assert queue.get(timeout=5) is message
 
 
 def test_a_push_ends_the_feeders_wait_whatever_its_timeout():
@@ -93,12 +103,48 @@ def test_the_wrapped_feeder_delivers_and_the_original_is_restored():
     assert getattr(vce_api, FEEDER_NAME) is original
 
 
+def test_a_woken_pass_asks_only_the_nodes_pushed_to_and_a_timed_out_one_asks_all():
+    """K = 3,400 nodes with every message in flight made each full pass cost K x M store checks."""
+    queue: Queue = Queue()
+    delivery = _Delivery({n: n for n in range(1, 1001)}, queue)
+    assert len(delivery.keys()) == 1000  # the first pass is a full one
+    delivery.pushed([7, 9])
+    assert sorted(delivery.keys()) == [7, 9]
+    delivery.put(FakeMessage(7))
+    assert delivery.keys() == [9] and queue.get_nowait().metadata.dst_node_id == 7
+    stop, pushed = threading.Event(), threading.Event()
+    _WakeOnPush(stop, pushed, delivery).wait(0.01)  # nothing pushed: Flower's poll timed out
+    assert len(delivery.keys()) == 1000
+    pushed.set()
+    _WakeOnPush(stop, pushed, delivery).wait(5.0)  # woken: the next pass is a targeted one again
+    assert delivery.keys() == [9]
+
+
+def test_the_feeder_asks_only_pushed_nodes_once_woken():
+    state, queue, stop = FakeState(), Queue(), threading.Event()
+    with prompt_message_delivery() as notify:
+        feeder = threading.Thread(
+            target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {n: n for n in range(1, 501)}, stop)
+        )
+        feeder.start()
+        for node in (3, 4):
+            message = FakeMessage(node)
+            with state.lock:
+                state.asked.clear()
+                state.pending.append(message)
+            notify([node])
+            assert queue.get(timeout=5) is message
+        stop.set()
+        feeder.join(timeout=5)
+    assert state.asked[-1] == 4 and len(state.asked) < 500
+
+
 def test_unwoken_feeder_still_delivers_on_flowers_poll():
     state, queue, stop = FakeState(), Queue(), threading.Event()
     with prompt_message_delivery():
         feeder = threading.Thread(target=getattr(vce_api, FEEDER_NAME), args=(state, queue, {1: 0}, stop))
         feeder.start()
-        _deliver(state, queue, lambda: None)
+        _deliver(state, queue, lambda nodes: None)
         stop.set()
         feeder.join(timeout=5)
     assert not feeder.is_alive()
@@ -111,8 +157,10 @@ class FakeGrid:
         self.events, self.pulls, self.pull_interval = events, 0, 0.0
 
     def push_messages(self, messages):
-        self.events.append("push")
-        return [f"id-{i}" for i, _ in enumerate(messages)]
+        self.events.append(f"push {len(messages)}")
+        first = self.pushed = getattr(self, "pushed", 0)
+        self.pushed += len(messages)
+        return [f"id-{first + i}" for i, _ in enumerate(messages)]
 
     def pull_messages(self, message_ids):
         self.events.append("pull")
@@ -129,10 +177,18 @@ class FakeGrid:
 
 def test_transport_signals_between_push_and_pull():
     events: list[str] = []
-    transport = FlowerTransport(FakeGrid(events), on_pushed=lambda: events.append("wake"))
-    replies = transport._send_and_receive(["a", "b"], 5.0)
+    transport = FlowerTransport(FakeGrid(events), on_pushed=lambda nodes: events.append(f"wake {nodes}"))
+    replies = transport._send_and_receive([FakeMessage(5), FakeMessage(6)], 5.0)
     assert [r.metadata.reply_to_message_id for r in replies] == ["id-0", "id-1"]
-    assert events == ["push", "wake", "pull", "pull"]
+    assert events == ["push 2", "wake [5, 6]", "pull", "pull"]
+
+
+def test_transport_keeps_at_most_max_in_flight_messages_pushed():
+    events: list[str] = []
+    transport = FlowerTransport(FakeGrid(events), on_pushed=lambda nodes: None, max_in_flight=2)
+    replies = transport._send_and_receive([FakeMessage(n) for n in range(5)], 5.0)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == [f"id-{i}" for i in range(5)]
+    assert [e for e in events if e.startswith("push")] == ["push 2", "push 2", "push 1"]
 
 
 def test_client_actors_run_at_normal_priority_unless_told_otherwise(monkeypatch):
