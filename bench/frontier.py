@@ -442,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run nothing: tabulate the finished runs in --work (others: not run)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other strategies' points of the frontier already in --out (its JSON) and add these",
+    )
     parser.add_argument("extra", nargs="*", help="more simulate flags for every run (after --)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -476,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: r.get(k) for k in ("strategy", "target", "epsilon", "fid", "gen2real_cnn", "error")}))
     stem = f"frontier-{args.dataset}-{args.scale}"
     command = "python bench/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.merge and (args.out / f"{stem}.json").exists():
+        before = json.loads((args.out / f"{stem}.json").read_text())
+        rows = [r for r in before["points"] if r["strategy"] not in strategies] + rows
+        command = f"{before['command'].strip()}`, then `{command.strip()}"
     result = {
         "benchmark": "frontier",
         "scale": args.scale,

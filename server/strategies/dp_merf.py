@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from common.codec import PayloadError
 from common.config import ExperimentConfig
@@ -56,6 +57,8 @@ class DpMerfStrategy(Strategy):
         return [] if self.collected else list(available)
 
     def configure_step(self, step: int, nodes: list[int]) -> list[Outgoing]:
+        if nodes and self.cfg.progress:  # the one long step: say what it waits for
+            tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each")
         return [Outgoing(node, MSG_EMBED, wire.encode(MerfRequest(step=step))) for node in nodes]
 
     def aggregate_step(self, step: int, replies: list[Incoming]) -> StepOutcome:
