@@ -1,4 +1,4 @@
-# Two entry points a user needs: `make run` (install + a default GS-WGAN simulation) and `make test`.
+# Two entry points a user needs: `make run` (install + the quick-start simulation, README) and `make test`.
 # Both create .venv on first use; the install is redone only when pyproject.toml changes.
 PYTHON ?= python3
 VENV := .venv

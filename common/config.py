@@ -435,7 +435,7 @@ def _validate(c: ExperimentConfig) -> None:
             f"partition=writer needs one writer per client, but synthetic_writers={writers}",
         )
         check(
-            c.batch_size <= c.synthetic_samples_per_writer,
+            c.batch_size <= c.synthetic_samples_per_writer or hasattr(core(c.strategy), "MIN_CLIENT_IMAGES"),
             "batch_size",
             c.batch_size,
             f"larger than a client's partition ({c.synthetic_samples_per_writer} images per writer)",

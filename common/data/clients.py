@@ -263,13 +263,21 @@ def partition_sizes(cfg: ExperimentConfig) -> list[int]:
 
 
 def check_partition_sizes(cfg: ExperimentConfig) -> list[int]:
-    """``partition_sizes``, failing early when a client cannot fill one batch of ``batch_size``."""
+    """``partition_sizes``, failing early when a client cannot fill one batch of ``batch_size`` (or,
+    for a method whose clients draw no batches, DP-MERF's, holds no image at all)."""
+    from common.methods import core  # the registry's methods import this package
+
     sizes = partition_sizes(cfg)
-    small = [(k, s) for k, s in enumerate(sizes) if s < cfg.batch_size]
+    need = getattr(core(cfg.strategy), "MIN_CLIENT_IMAGES", cfg.batch_size)
+    small = [(k, s) for k, s in enumerate(sizes) if s < need]
     if small:
         listed = ", ".join(f"client {k}: {s}" for k, s in small[:5]) + (" ..." if len(small) > 5 else "")
+        what = (
+            f"fewer images than batch_size={cfg.batch_size}" if need == cfg.batch_size else f"fewer than {need} image"
+        )
         raise PartitionError(
-            f"{len(small)} client partition(s) hold fewer images than batch_size={cfg.batch_size} "
-            f"({listed}): lower batch_size, or use fewer clients or another partition"
+            f"{len(small)} client partition(s) hold {what} ({listed}): "
+            + ("lower batch_size, or " if need == cfg.batch_size else "")
+            + "use fewer clients or another partition"
         )
     return sizes

@@ -51,6 +51,7 @@ STEP_LABEL = "generator steps"
 ACCEPTS_PRIOR_RELEASES = False
 UNBOUNDED_AGAINST_SERVER = False
 CLIENT_DISCRIMINATOR = False  # a client keeps no private D: its state is its ledger and its partition
+MIN_CLIENT_IMAGES = 1  # a client draws no batches: one image makes a summary
 SIDE = 28
 FREQUENCY_STREAM = 0x3E5F  # the public frequencies' seed is derived from the run's seed and this
 

@@ -111,4 +111,8 @@ def test_shipped_experiment_files_are_valid():
 def test_make_run_is_the_quickstart_file_and_it_targets_a_per_client_epsilon_of_at_most_100():
     assert "--config simulations/configs/quickstart.toml" in (ROOT / "Makefile").read_text()
     cfg = ExperimentConfig.from_toml(ROOT / "simulations" / "configs" / "quickstart.toml")
-    assert cfg.strategy == "gswgan" and 0 < cfg.target_epsilon <= 100 and cfg.delta == 1e-5
+    # DP-MERF: its headline is per client against an untrusted server, as GS-WGAN's
+    assert cfg.strategy == "dp-merf" and 0 < cfg.target_epsilon <= 100 and cfg.delta == 1e-5
+    assert cfg.partition == "writer" and cfg.num_clients >= 1000
+    gswgan = ExperimentConfig.from_toml(ROOT / "simulations" / "configs" / "quickstart-gswgan.toml")
+    assert gswgan.strategy == "gswgan" and gswgan.target_epsilon == cfg.target_epsilon

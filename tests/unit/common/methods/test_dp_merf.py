@@ -167,3 +167,12 @@ def test_the_server_fits_g_to_the_target_and_reads_the_class_shares():
     assert torch.equal(again.target, g.target) and again.releases == 2
     with pytest.raises(ValueError, match="target has shape"):
         MerfGenerator(c.replace(merf_features=20), 10).load_state_dict(state)
+
+
+def test_small_partitions_are_fine_for_a_method_that_draws_no_batches():
+    from common.data import check_partition_sizes
+
+    small = dict(synthetic_samples_per_writer=5, batch_size=32)
+    assert check_partition_sizes(cfg(**small)) == [5, 5, 5, 5]
+    with pytest.raises(ConfigError, match="batch_size=32: larger than a client's partition"):
+        cfg(**small, strategy="gswgan")
