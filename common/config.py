@@ -144,7 +144,7 @@ class RunOptions:
     target_epsilon: float = option(
         0.0,
         "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
-        "planned steps (gswgan: per-client, also sets the client budget; dpgan: example-level; "
+        "planned steps (gswgan, dp-merf: per-client, also sets the client budget; dpgan: example-level; "
         "fedavg-gan: trusted-server user-level); 0: use the configured noise",
     )
     # --- accounting ----------------------------------------------------------------------------
