@@ -1,4 +1,4 @@
-"""`fedgan compare`: three strategies on the same data and seed, one comparison.json."""
+"""`fedgan compare`: every strategy on the same data and seed, one comparison.json."""
 
 import json
 
@@ -6,17 +6,20 @@ from simulations.cli import main
 from tests.helpers import tiny_flags
 
 
-def test_compare_runs_all_three_and_writes_the_comparison(tmp_path, capsys):
+METHODS = ("gswgan", "dpgan", "fedavg-gan", "dp-merf")
+
+
+def test_compare_runs_every_method_and_writes_the_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
     code = main(["compare", *tiny_flags(num_clients=4, steps=2, out=out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "fedavg-gan" in printed
-    for i, name in enumerate(("gswgan", "dpgan", "fedavg-gan"), 1):  # a line each, progress bars or not
-        assert f"[{i}/3] {name}: completed, 2 steps" in printed
+    for i, name in enumerate(METHODS, 1):  # a line each, progress bars or not
+        assert f"[{i}/{len(METHODS)}] {name}: completed, 2 steps" in printed
     result = json.loads((out / "comparison.json").read_text())
     by_name = {e["strategy"]: e for e in result["strategies"]}
-    assert set(by_name) == {"gswgan", "dpgan", "fedavg-gan"}
+    assert set(by_name) == set(METHODS)
     for name, entry in by_name.items():
         summary = json.loads((out / name / "summary.json").read_text())
         assert entry["summary"] == summary and summary["strategy"] == name
@@ -32,6 +35,7 @@ def test_compare_calibrates_every_strategy_to_one_target(tmp_path):
     by_name = {e["strategy"]: e["summary"] for e in json.loads((out / "comparison.json").read_text())["strategies"]}
     assert 0 < by_name["gswgan"]["epsilon_max"] <= 20
     assert 0 < by_name["dpgan"]["epsilon_max"] <= 20
+    assert 0 < by_name["dp-merf"]["epsilon_max"] <= 20
     assert 0 < by_name["fedavg-gan"]["epsilon_amplified"]["epsilon"] <= 20
     configs = {name: json.loads((out / name / "config.json").read_text()) for name in by_name}
     assert configs["gswgan"]["client_epsilon_budget"] == 20
