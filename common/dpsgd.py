@@ -38,20 +38,24 @@ import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-from opacus.accountants.utils import get_noise_multiplier
-from opacus.grad_sample.utils import wrap_model
-from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from .dpac import run_mode
-from .grouped_clip import GroupedDPOptimizer, equal_bounds, group_norms, parameter_groups, scaled_bounds
 from .models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
 from .privacy.analysis import Event, check_delta
+
+if TYPE_CHECKING:
+    from opacus.optimizers import DPOptimizer
+
+# Opacus (and grouped_clip, which subclasses its optimizer) is imported where a trainer is built, not
+# here: every method's Options are composed into the config, so this module is imported by every
+# process, a Flower ClientApp included (one per message in a deployment), and the ``opacus``
+# package import alone took 2.4 s of its start-up on this project's CPU.
 
 # Opacus registers full backward hooks; our inputs (data, fakes) never require gradients, so torch
 # warns at every DP step that the hook fires on module outputs only: that is exactly the case the
@@ -193,6 +197,10 @@ class DpDiscriminatorTrainer:
         self.module = D if loss == "wgan-gp" else _wrap(D, grad_sample_mode)
         adam = torch.optim.Adam(D.parameters(), lr=lr, betas=betas)
         self.grouping = grouping
+        from opacus.optimizers import DPOptimizer
+
+        from .grouped_clip import GroupedDPOptimizer, equal_bounds, parameter_groups
+
         if grouping == "none":
             self.optimizer = DPOptimizer(
                 adam,
@@ -261,6 +269,8 @@ class DpDiscriminatorTrainer:
         """Group bounds from PUBLIC rows (public real examples and fakes): proportional to each group's
         median per-row gradient norm, rescaled to the total bound C, so noise and ε stay as they were.
         Nothing private enters: the rows are computed and discarded, no step is taken or charged."""
+        from .grouped_clip import GroupedDPOptimizer, group_norms, scaled_bounds
+
         if not isinstance(self.optimizer, GroupedDPOptimizer):
             raise ValueError("public clipping bounds need a parameter grouping")
         self.optimizer.zero_grad(set_to_none=True)
@@ -324,6 +334,8 @@ class DpClassifierTrainer:
         _check_trainer_args("ns", "hooks", noise_multiplier, max_grad_norm, sample_rate)
         self.C = C
         self.module = _wrap(C, "hooks")
+        from opacus.optimizers import DPOptimizer
+
         self.optimizer = DPOptimizer(
             torch.optim.Adam(C.parameters(), lr=lr),
             noise_multiplier=noise_multiplier,
@@ -400,6 +412,8 @@ def frozen_module(net: nn.Module, wrapped: nn.Module) -> Iterator[None]:
 
 def _wrap(D: nn.Module, grad_sample_mode: str) -> nn.Module:
     """Opacus grad-sample wrapper; "sum" so rows are exact per-example gradients."""
+    from opacus.grad_sample.utils import wrap_model
+
     return wrap_model(D, grad_sample_mode, batch_first=True, loss_reduction="sum")
 
 
@@ -489,6 +503,8 @@ def calibrate_noise_multiplier(
     Opacus' search keeps the upper end of its bracket, so the returned σ never overshoots.
     """
     check_delta(delta)
+    from opacus.accountants.utils import get_noise_multiplier
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return float(

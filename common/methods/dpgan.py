@@ -31,7 +31,7 @@ from common.data import load_client_partition, num_classes_for
 from common.device import resolve_device
 from common.dpac import REAL_DATA_MODES, build_classifier
 from common.dpsgd import AdaptiveND, DpClassifierTrainer, DpDiscriminatorTrainer, build_dpgan_discriminator
-from common.grouped_clip import BOUND_RULES, GROUPINGS, NOISE_FORMS
+from common.grouping import BOUND_RULES, GROUPINGS, NOISE_FORMS
 from common.messages import StateDict, Stats
 from common.models import build_generator, sample_latent
 from common.options import check, check_all, check_choice, option

@@ -16,16 +16,53 @@ original code's script) understates ε by orders of magnitude.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
+import sys
 import warnings
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 
 import numpy as np
-from opacus.accountants import PRVAccountant
-from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from .wor import wor_rdp_curve
+
+OPACUS_RDP = "opacus.accountants.analysis.rdp"
+
+
+def _opacus_rdp() -> ModuleType:
+    """Opacus' RDP analysis module, without importing the ``opacus`` package when it is not loaded.
+
+    ``opacus/__init__`` imports the privacy engine, ``torch.distributed.tensor`` and ``scipy.stats``
+    (2.8 s of a ClientApp's 6.6 s start-up on this project's CPU), while a client checking its budget
+    needs only ``analysis/rdp.py``, which imports numpy and ``scipy.special`` alone. A Flower
+    deployment starts a ClientApp process per message, so the package import was paid per query.
+    This loads that same file under a private name; once ``opacus`` is imported, its own module is used.
+    """
+    loaded = sys.modules.get(OPACUS_RDP)
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("opacus")  # locates the package; does not execute it
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("opacus is not installed (fedgan's accountants are Opacus'): run `make install`")
+    path = f"{list(package.submodule_search_locations)[0]}/accountants/analysis/rdp.py"
+    spec = importlib.util.spec_from_file_location("_fedgan_opacus_rdp", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"Opacus' RDP analysis is missing at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compute_rdp(*, q: float, noise_multiplier: float, steps: int, orders: list[float]) -> np.ndarray:
+    """Opacus' ``compute_rdp`` (see :func:`_opacus_rdp`)."""
+    return _opacus_rdp().compute_rdp(q=q, noise_multiplier=noise_multiplier, steps=steps, orders=orders)
+
+
+def get_privacy_spent(*, orders: list[float], rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    """Opacus' ``get_privacy_spent`` (see :func:`_opacus_rdp`)."""
+    return _opacus_rdp().get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+
 
 Event = tuple[float, float, int]
 
@@ -189,6 +226,8 @@ def _prv_cached(events: tuple[Event, ...], delta: float) -> tuple[float | None, 
             eps_error, reason = _prv_eps_error(events, delta=delta, delta_error=delta_error)
             if eps_error is None:
                 return None, reason
+            from opacus.accountants import PRVAccountant  # the package: server-side reports only
+
             accountant = PRVAccountant()
             accountant.history = [tuple(e) for e in events]
             eps = float(accountant.get_epsilon(delta, eps_error=eps_error, delta_error=delta_error))
@@ -201,6 +240,8 @@ def _prv_cached(events: tuple[Event, ...], delta: float) -> tuple[float | None, 
 
 def _prv_eps_error(events: tuple[Event, ...], *, delta: float, delta_error: float) -> tuple[float | None, str | None]:
     """eps_error for PRV (see PRV_EPS_ERRORS), or None and why; grid size as PRVAccountant._get_domain."""
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
+
     prvs = [PoissonSubsampledGaussianPRV(sample_rate=q, noise_multiplier=nm) for nm, q, _ in events]
     counts = [count for _, _, count in events]
     # Opacus' bound is max(L, eps_error) + 3 with L from RDP, independent of eps_error otherwise:
