@@ -5,7 +5,6 @@ import json
 from simulations.cli import main
 from tests.helpers import tiny_flags
 
-
 METHODS = ("gswgan", "dpgan", "fedavg-gan", "dp-merf")
 
 

@@ -184,7 +184,9 @@ def test_prv_failure_inside_opacus_gives_none(monkeypatch: pytest.MonkeyPatch) -
         raise RuntimeError("Discrete mean differs significantly from continuous mean.")
 
     analysis._prv_cached.cache_clear()
-    monkeypatch.setattr(analysis.PRVAccountant, "get_epsilon", boom)
+    from opacus.accountants import PRVAccountant  # the class analysis imports where PRV runs
+
+    monkeypatch.setattr(PRVAccountant, "get_epsilon", boom)
     eps, reason = prv_epsilon_with_reason([(1.234567, 1.0, 7)], delta=DELTA)
     analysis._prv_cached.cache_clear()
     assert eps is None and "RuntimeError" in reason
@@ -217,3 +219,34 @@ def test_subsampled_epsilon_grows_with_steps_and_falls_with_noise(nm: float, q: 
     eps = rdp_epsilon([(nm, q, steps)], delta=DELTA)[0]
     assert rdp_epsilon([(nm, q, steps + 1)], delta=DELTA)[0] > eps
     assert rdp_epsilon([(nm * 1.5, q, steps)], delta=DELTA)[0] < eps
+
+
+def test_the_standalone_rdp_module_is_opacus_own_and_gives_its_values() -> None:
+    """Clients load Opacus' rdp.py without the package (start-up time): the same file, the same ε."""
+    import opacus.accountants.analysis.rdp as packaged
+
+    standalone = analysis._opacus_rdp()
+    assert standalone.__file__ == packaged.__file__
+    loaded_alone = analysis.importlib.util.module_from_spec(
+        analysis.importlib.util.spec_from_file_location("_rdp_check", packaged.__file__)
+    )
+    loaded_alone.__spec__.loader.exec_module(loaded_alone)
+    orders = [1.5, 2.0, 8.0, 64.0]
+    for q, sigma in ((1.0, 1.1), (0.01, 0.8)):
+        ours = loaded_alone.compute_rdp(q=q, noise_multiplier=sigma, steps=7, orders=orders)
+        theirs = packaged.compute_rdp(q=q, noise_multiplier=sigma, steps=7, orders=orders)
+        assert list(ours) == list(theirs)
+
+
+def test_a_client_process_checks_budgets_without_importing_the_opacus_package() -> None:
+    """A ClientApp (one process per message in a deployment) must not pay opacus/__init__'s import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, client.app; from common.privacy.analysis import rdp_epsilon; "
+        "eps = rdp_epsilon([(1.0, 1.0, 3)], delta=1e-5)[0]; "
+        "print(eps > 0, 'opacus' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False"]
