@@ -169,6 +169,12 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     return wire.reply(DataplaneReply(status="started", pid=worker.pid), message)
 
 
+# Message type -> a handler of several nodes' messages at once (``handle_many``), for the in-process
+# transport, where every node shares this process (``server.transport.InProcessTransport``).
+BATCH_HANDLERS: dict = {}
+
 for _method in METHODS.values():  # each method's own messages, from the registry
     _handler = adapter(_method.handler)
     _route(_handler.ACTION)(_handler.handle)
+    if hasattr(_handler, "handle_many"):
+        BATCH_HANDLERS[_handler.ACTION] = _handler.handle_many

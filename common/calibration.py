@@ -8,6 +8,7 @@ says how (``calibrate`` in ``common/methods/<name>.py``); the helpers it uses ar
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -19,8 +20,13 @@ if TYPE_CHECKING:  # a type only: common.config imports the methods, which impor
     from common.config import ExperimentConfig
 
 
+@functools.lru_cache(maxsize=4096)
 def ledger_epsilon(noise_multiplier: float, sample_rate: float, count: int, delta: float) -> float:
-    """ε of ``count`` Gaussian releases (Poisson-subsampled at ``sample_rate`` < 1), from a ledger."""
+    """ε of ``count`` Gaussian releases (Poisson-subsampled at ``sample_rate`` < 1), from a ledger.
+
+    Memoized (a pure function of four numbers): ``fedgan compare`` checks every method's calibration
+    before training any, then calibrates again as each run starts, and a subsampled curve costs
+    seconds to evaluate."""
     sampling = "poisson" if sample_rate < 1 else "none"
     ledger = PrivacyLedger(
         [PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate, count=count, sampling=sampling)]
@@ -46,12 +52,14 @@ def smallest_noise(
     return high
 
 
+@functools.lru_cache(maxsize=256)
 def subsampled_noise(target: float, sample_rate: float, steps: int, delta: float) -> float:
     """Opacus' get_noise_multiplier, nudged up until the ledger's own RDP grid agrees (≤ target).
 
     The subsampled RDP curve is costly to evaluate at many σ; Opacus' search lands within a hair of
     the answer, and its order grid differs slightly from the ledger's, hence the nudge. Opacus'
-    search keeps the upper end of its bracket, so the σ never overshoots.
+    search keeps the upper end of its bracket, so the σ never overshoots. Memoized, as
+    ``ledger_epsilon``.
     """
     from common.dpsgd import calibrate_noise_multiplier
 

@@ -162,8 +162,9 @@ class RunOptions:
         1,
         "simulations: clients computed at once when a step queries several (clients_per_step > 1): Flower's "
         "simulation runs this many ClientApp actors (separate processes) with cores/N threads each, so a "
-        "step of m clients takes about ceil(m/N) client times; the in-process transport calls clients one "
-        "at a time and ignores it. Wall time only: every client computes exactly as alone",
+        "step of m clients takes about ceil(m/N) client times; the in-process transport ignores it (it stacks a "
+        "step's GS-WGAN clients into one network instead, see stack-clients). Wall time only: every client "
+        "computes exactly as alone",
     )
     # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
     dataplane: str = option(

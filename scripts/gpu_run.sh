@@ -4,7 +4,8 @@
 #     device run, carry [".gpu"]:  bash scripts/gpu_run.sh [step|paper|frontier]
 #
 # Installs the carried wheels into /tmp/site (the image's PyTorch stays), then:
-#   step     (default) bench/gpu_step.py --device cuda: ms per GS-WGAN step at the paper's networks
+#   step     (default) bench/gpu_step.py --device cuda: ms per GS-WGAN step at the paper's networks,
+#            and bench/stacked_clients.py: m clients per step, stacked vs one by one
 #   paper    a paper-scale GS-WGAN run on Fashion-MNIST (K = 1,000, --target-epsilon 10) that
 #            checkpoints and resumes across calls (10 minutes each): call again until it is done
 #   frontier bench/frontier.py --scale paper --device cuda (many calls' worth; use --reuse)
@@ -20,6 +21,8 @@ case "${1:-step}" in
   step)
     python3 bench/gpu_step.py --device cuda --model paper --out "$OUT/gpu_step-cuda-paper.json"
     python3 bench/gpu_step.py --device cuda --model paper --critic-fakes query --out "$OUT/gpu_step-cuda-paper-query.json"
+    python3 bench/stacked_clients.py --device cuda --model paper --m 1,8,32 --clients 64 \
+      --out "$OUT/stacked_clients-cuda-paper.json"
     ;;
   paper)
     RUN=runs/paper-gswgan

@@ -20,6 +20,9 @@ from protos.wire import message_wire_bytes, runtime_message
 
 from .strategies.base import Incoming, Outgoing
 
+# A handler of several nodes' messages of one type at once: each message's reply, or its node's error.
+BatchHandler = Callable[[list[Message], list[Context]], list[Message | Exception]]
+
 # Messages of one exchange in Flower's simulation runtime at a time (see ``_send_and_receive``):
 # enough to keep every client actor busy, few enough that each delivery pass stays cheap.
 MAX_IN_FLIGHT = 64
@@ -124,13 +127,17 @@ class InProcessTransport:
         *,
         node_config: dict | None = None,
         node_configs: dict[int, dict] | None = None,
+        batch_handlers: dict[str, BatchHandler] | None = None,
     ) -> None:
+        """``batch_handlers``: message type -> a handler of several nodes' messages at once
+        (``client.app.BATCH_HANDLERS``), used when an exchange sends that type to two or more nodes."""
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.
         # Ids are 64-bit like the runtime's random ones, so envelopes have realistic sizes.
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
         self.app = client_app
+        self.batch_handlers = batch_handlers or {}
         self.contexts = {
             (1 << 62) + i: Context(
                 run_id=run_id,
@@ -151,16 +158,32 @@ class InProcessTransport:
         return sorted(self.contexts)
 
     def exchange(self, outgoing: list[Outgoing], *, timeout_s: float | None = None) -> Exchange:
-        """Calls each node's ClientApp in turn (``timeout_s`` has nothing to bound here)."""
+        """Calls each node's ClientApp in turn, or a batch handler with every node's message of its
+        type at once (``timeout_s`` has nothing to bound here)."""
         down, replies, errors = {}, {}, {}
+        messages = {o.node_id: runtime_message(o.content, o.node_id, o.message_type) for o in outgoing}
+        by_type: dict[str, list[int]] = {}
         for o in outgoing:
-            message = runtime_message(o.content, o.node_id, o.message_type)
-            down[o.node_id] = _count(message)
-            try:
-                replies[o.node_id] = self.app(message, self.contexts[o.node_id])
-            except Exception as err:  # noqa: BLE001 - a broken client is a failed node, not a failed run
-                errors[o.node_id] = f"client error: {type(err).__name__}: {str(err)[:300]}"
+            down[o.node_id] = _count(messages[o.node_id])
+            by_type.setdefault(o.message_type, []).append(o.node_id)
+        for message_type, nodes in by_type.items():
+            handler = self.batch_handlers.get(message_type) if len(nodes) > 1 else None
+            if handler is not None:
+                results = handler([messages[n] for n in nodes], [self.contexts[n] for n in nodes])
+            else:
+                results = [self._call(messages[n], n) for n in nodes]
+            for node, result in zip(nodes, results, strict=True):
+                if isinstance(result, Exception):  # a broken client is a failed node, not a failed run
+                    errors[node] = f"client error: {type(result).__name__}: {str(result)[:300]}"
+                else:
+                    replies[node] = result
         return _collect(outgoing, replies, down, missing=errors)
+
+    def _call(self, message: Message, node: int) -> Message | Exception:
+        try:
+            return self.app(message, self.contexts[node])
+        except Exception as err:  # noqa: BLE001 - reported as this node's failure
+            return err
 
 
 def _count(message: Message) -> tuple[int, int]:

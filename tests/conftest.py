@@ -2,9 +2,13 @@ import os
 
 import torch
 
-# Two cores on CI: keep each test process from oversubscribing them.
-torch.set_num_threads(2)
-os.environ.setdefault("FEDGAN_CLIENT_THREADS", "2")
+# Two cores on CI and two pytest-xdist workers (`make test`): one intra-op thread per process, the
+# workers' and the subprocesses' they start (the CLI, deployments, Flower's actors inherit the
+# environment). Two OpenMP threads per process on a loaded 2-core machine spin against each other:
+# measured here, tests of small tensor work ran 5-10x slower in the suite than alone.
+torch.set_num_threads(1)
+os.environ.setdefault("FEDGAN_CLIENT_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from common import critic_stack
 from common.calibration import ledger_epsilon, smallest_noise
 from common.client_state import ClientState
 from common.codec import GsAnswer, GsQuery, encode_grads
@@ -54,6 +55,7 @@ WIRE_DTYPES = ("float32", "float16")
 WIRE_SAMPLES = ("uint8", "float32")
 WIRE_COMPRESSIONS = ("deflate", "none")
 CRITIC_FAKES = ("fresh", "query", "replay")
+WARM_START_STREAM = 0x5EED  # offsets a client's seed for its warm start's throwaway generator
 REPLAY_ATTR = "replay_fakes"  # attribute of ClientState holding the replay buffer (in memory only)
 
 
@@ -102,6 +104,14 @@ class Options:
         "basis) instead of all 28 x 28 pixels, clipped and noised there; the mechanism and its epsilon are "
         "unchanged, the noise per sample shrinks by 28/k and the uplink by (28/k)^2, detail finer than "
         "~28/k pixels is lost from the signal; 0: pixels, GS-WGAN as published",
+    )
+    stack_clients: bool = option(
+        True,
+        "in-process simulations: when a step queries m > 1 clients, their critic phases run as one stacked "
+        "network (grouped convolutions: each client still trains its own D on its own data, draws from its own "
+        "RNG, sanitizes with its own noise and ends where it would alone, up to float rounding); far fewer, "
+        "larger kernels, which is how one GPU serves many clients. Off: one client after another. Flower's "
+        "runtimes hand each message to its own ClientApp, so they always compute clients one by one",
     )
     client_stats: bool = option(
         False,
@@ -301,7 +311,12 @@ def warm_start(
     batches = batches or (lambda n: real_batch(state, n))
     num_classes = num_classes_for(cfg)
     device = device_of(state.discriminator)
-    gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
+    # The throwaway G's initial weights come from the client's own seed, not from whatever the
+    # process's global RNG holds after the clients it served before: a client warms up the same
+    # way alone, beside others in one step, or in another process.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed * 1_000_003 + state.client_id + WARM_START_STREAM)
+        gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
     B = min(cfg.batch_size, len(state.data.labels))
     period = max(cfg.n_critic, 1)
@@ -355,22 +370,35 @@ def first_contact(state: ClientState, cfg: ExperimentConfig) -> None:
         state.classifier_ready = True
 
 
-def answer_query(
-    state: ClientState, cfg: ExperimentConfig, query: GsQuery, policy: NodePolicy | None = None
-) -> GsAnswer:
-    """Run one GS-WGAN query on this client, or refuse it when its budget would be exceeded.
+@dataclass
+class PendingAnswer:
+    """A query this client will answer, once its critic phase has run: the decoded query on the
+    client's device, and the fakes and labels of its critic steps."""
 
-    The budget and its δ are the node's (``policy``: the smaller of its own maximum and what the
-    run asks for); the handler has already checked the run's configuration against the policy.
-    """
+    state: ClientState
+    step: int
+    fakes: torch.Tensor
+    labels: torch.Tensor
+    critic_fakes: torch.Tensor
+    critic_labels: torch.Tensor
+    batch_size: int
+
+
+def begin_answer(
+    state: ClientState, cfg: ExperimentConfig, query: GsQuery, policy: NodePolicy | None = None
+) -> GsAnswer | PendingAnswer:
+    """Everything before the critic phase: the refusal when the query asks for another B or the
+    client's budget would be exceeded, the query decoded and checked, first contact (warm starts),
+    and the critic steps' fakes. The budget and its δ are the node's (``policy``: the smaller of its
+    own maximum and what the run asks for); the handler has already checked the run's configuration
+    against the policy."""
     policy = policy or NodePolicy()
     B = query.batch_size
     if B != cfg.batch_size:  # B sets the query's noise multiplier σ/√B: the run's B, or nothing
         return _refusal(
             state, cfg, query.step, f"the query asks for B = {B} samples, the run's batch size is {cfg.batch_size}"
         )
-    event = planned_event(cfg, B)
-    over = policy.over_budget(state.ledger, event, cfg)
+    over = policy.over_budget(state.ledger, planned_event(cfg, B), cfg)
     if over:
         return _refusal(state, cfg, query.step, f"one more answer {over}")
     query = query.decoded(n_critic=cfg.n_critic, num_classes=num_classes_for(cfg), critic_fakes=cfg.critic_fakes)
@@ -378,10 +406,18 @@ def answer_query(
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.
     device = device_of(state.discriminator)
     fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)
-    stats = critic_steps(state, cfg, *select_critic_fakes(state, cfg, fakes, labels, B), B)
-    grads = combined_sample_grads(state.discriminator, state.classifier, fakes[-B:], labels[-B:], cfg.dpac_beta)
+    critic_x, critic_y = select_critic_fakes(state, cfg, fakes, labels, B)
+    return PendingAnswer(state, query.step, fakes, labels, critic_x, critic_y, B)
+
+
+def finish_answer(
+    pending: PendingAnswer, cfg: ExperimentConfig, grads: torch.Tensor, stats: dict[str, torch.Tensor]
+) -> GsAnswer:
+    """The release: ``grads`` (the per-sample gradients of the queried batch) clipped and noised
+    by this client with its own noise, one ledger entry, then the wire encoding."""
+    state = pending.state
     released = to_coefficients(grads, cfg.grad_dct) if cfg.grad_dct else grads
-    noise, void = release_noise_source(cfg.noise_seed, state.client_id, query.step)
+    noise, void = release_noise_source(cfg.noise_seed, state.client_id, pending.step)
     noisy, ran = sanitize_sample_grads(
         released,
         clip=cfg.clip,
@@ -394,7 +430,7 @@ def answer_query(
     # Wire encoding strictly after the noise: the float16 cast and deflate are post-processing.
     grad, encoding = encode_grads(noisy.cpu().numpy(), cfg.wire_dtype, compress=cfg.wire_compression == "deflate")
     return GsAnswer(
-        step=query.step,
+        step=pending.step,
         grad=grad,
         grad_encoding=encoding,
         noise_multiplier=ran.noise_multiplier,
@@ -402,6 +438,73 @@ def answer_query(
         # (and are read off the device only then).
         stats=_client_stats(stats, grads, cfg.clip) if cfg.client_stats else {},
     )
+
+
+def answer_query(
+    state: ClientState, cfg: ExperimentConfig, query: GsQuery, policy: NodePolicy | None = None
+) -> GsAnswer:
+    """Run one GS-WGAN query on this client, or refuse it when its budget would be exceeded."""
+    pending = begin_answer(state, cfg, query, policy)
+    return pending if isinstance(pending, GsAnswer) else answer_pending(pending, cfg)
+
+
+def answer_queries(
+    states: list[ClientState], cfg: ExperimentConfig, queries: list[GsQuery], policies: list[NodePolicy]
+) -> list[GsAnswer]:
+    """The queries of one step to m clients (each its own state, query and policy), answered as
+    ``answer_query`` answers each: the critic phases of the clients that can be stacked run as one
+    network (``common/critic_stack.py``; the same results up to float rounding), the rest one by one.
+    Each release is still sanitized with its client's own noise and charged to its own ledger."""
+    begun = [begin_answer(s, cfg, q, p) for s, q, p in zip(states, queries, policies, strict=True)]
+    pending = [b for b in begun if isinstance(b, PendingAnswer)]
+    if not critic_stack.stackable([p.state for p in pending]):
+        return [b if isinstance(b, GsAnswer) else answer_pending(b, cfg) for b in begun]
+    done = dict(zip(map(id, pending), stacked_critic_phase(pending, cfg), strict=True))
+    return [b if isinstance(b, GsAnswer) else done[id(b)] for b in begun]
+
+
+def answer_pending(pending: PendingAnswer, cfg: ExperimentConfig) -> GsAnswer:
+    """The critic phase of one client alone, then its release."""
+    B, state = pending.batch_size, pending.state
+    stats = critic_steps(state, cfg, pending.critic_fakes, pending.critic_labels, B)
+    grads = combined_sample_grads(
+        state.discriminator, state.classifier, pending.fakes[-B:], pending.labels[-B:], cfg.dpac_beta
+    )
+    return finish_answer(pending, cfg, grads, stats)
+
+
+def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) -> list[GsAnswer]:
+    """``critic_steps`` and the queried batch's per-sample gradients of every pending client at once.
+
+    Each client draws its real batches and its interpolation weights from its own data RNG in the
+    order ``critic_steps`` draws them (a real batch, then the penalty's weights, per critic step), so
+    it consumes its stream as it would alone."""
+    states = [p.state for p in pending]
+    stack = critic_stack.StackedCritics(states)
+    B = pending[0].batch_size
+    device = device_of(states[0].discriminator)
+    stats: dict[str, torch.Tensor] = {}
+    for i in range(cfg.n_critic):
+        sl = slice(i * B, (i + 1) * B)
+        reals = [real_batch(s, B) for s in states]
+        alpha = torch.stack([torch.rand((B, 1, 1, 1), generator=s.data_rng) for s in states]).to(device)
+        stats = stack.critic_step(
+            torch.stack([x for x, _ in reals]),
+            torch.stack([y for _, y in reals]),
+            torch.stack([p.critic_fakes[sl] for p in pending]),
+            torch.stack([p.critic_labels[sl] for p in pending]),
+            alpha,
+            gp_weight=cfg.gp_weight,
+            drift=cfg.drift,
+        )
+    grads = stack.sample_grads(
+        torch.stack([p.fakes[-B:] for p in pending]), torch.stack([p.labels[-B:] for p in pending])
+    )
+    stack.write_back()
+    return [
+        finish_answer(p, cfg, grads[k], {name: value[k] for name, value in stats.items()})
+        for k, p in enumerate(pending)
+    ]
 
 
 def _client_stats(critic: dict[str, torch.Tensor], grads: torch.Tensor, clip: float) -> dict[str, float]:

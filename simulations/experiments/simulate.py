@@ -94,14 +94,16 @@ def run_on_transport(
     (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed; ``parallel``
     ClientApp actors) or by calling the ClientApp in-process. Returns (result, error).
     ``client_app``: the project's unless a test passes another."""
+    batch_handlers = None
     if client_app is None:
+        from client.app import BATCH_HANDLERS as batch_handlers
         from client.app import app as client_app
 
     if transport == "inprocess":
         from server.transport import InProcessTransport
 
         try:
-            return server_fn(InProcessTransport(client_app, num_clients)), None
+            return server_fn(InProcessTransport(client_app, num_clients, batch_handlers=batch_handlers)), None
         except Exception as err:  # noqa: BLE001 - reported with its type and message
             return None, err
     from flwr.simulation import run_simulation

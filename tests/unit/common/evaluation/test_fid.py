@@ -26,8 +26,6 @@ from common.evaluation.inception import (
     resize_bilinear_tf1,
 )
 
-torch.set_num_threads(2)
-
 
 def _gaussian_stats(seed: int, n: int = 400, dim: int = 6, shift: float = 0.0) -> FeatureStats:
     rng = np.random.default_rng(seed)

@@ -1,0 +1,72 @@
+"""m clients per step through the in-process transport: the stacked critic phase (``stack_clients``)
+gives the run the stepped-one-by-one run gives: the same clients asked, the same ledgers and bytes,
+and a released generator equal up to float rounding; a node that breaks fails alone."""
+
+import torch
+from flwr.app import Message
+
+from client.app import BATCH_HANDLERS
+from client.app import app as client_app
+from common.methods import gswgan
+from common.methods.gswgan import MSG_QUERY
+from server.loop import run_experiment
+from server.reporting import RunDirectory
+from server.transport import InProcessTransport
+from tests.helpers import ALLOW_NONPRIVATE, tiny_cfg
+
+
+def run(tmp_path, name, handlers=BATCH_HANDLERS, **changes):
+    cfg = tiny_cfg(
+        tmp_path / name,
+        **{
+            "num_clients": 4,
+            "clients_per_step": 3,
+            "steps": 4,
+            "n_critic": 2,
+            "warmup_steps": 2,
+            "noise_seed": 5,
+            "sampling_seed": 2,
+            "wire_dtype": "float32",
+            "wire_compression": "none",
+            **changes,
+        },
+    )
+    directory = RunDirectory.create(cfg)
+    transport = InProcessTransport(client_app, cfg.num_clients, node_config=ALLOW_NONPRIVATE, batch_handlers=handlers)
+    summary = run_experiment(cfg, directory, transport, transport_name="inprocess")
+    generator = torch.load(directory.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    return summary, generator["ema"]["module"]
+
+
+def test_stacked_and_one_by_one_runs_agree(tmp_path, monkeypatch):
+    calls = []
+    stacked_phase = gswgan.stacked_critic_phase
+    monkeypatch.setattr(gswgan, "stacked_critic_phase", lambda p, c: calls.append(len(p)) or stacked_phase(p, c))
+    stacked, g_stacked = run(tmp_path, "stacked")
+    assert calls == [3, 3, 3, 3]  # every step's three clients, as one network
+    alone, g_alone = run(tmp_path, "alone", stack_clients=False)
+    assert stacked["status"] == alone["status"] == "completed"
+    for a, b in zip(stacked["clients"], alone["clients"], strict=True):
+        for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
+            assert a[key] == b[key], key
+    assert sum(c["queries"] for c in stacked["clients"]) == 4 * 3
+    for key, value in g_stacked.items():
+        torch.testing.assert_close(value, g_alone[key], atol=1e-4, rtol=1e-3, msg=key)
+
+
+def test_a_node_that_breaks_in_a_stacked_step_fails_alone(tmp_path):
+    """One node's handler raises inside the batch: that node is failed with its cause; the others
+    answer and the run completes."""
+
+    def breaking(messages: list[Message], contexts):
+        results = BATCH_HANDLERS[MSG_QUERY](messages, contexts)
+        broken = [i for i, c in enumerate(contexts) if c.node_config["partition-id"] == 1]
+        for i in broken:
+            results[i] = RuntimeError("disk on fire")
+        return results
+
+    summary, _ = run(tmp_path, "broken", handlers={MSG_QUERY: breaking}, steps=3)
+    assert summary["status"] == "completed"
+    clients = {c["client_id"]: c for c in summary["clients"]}
+    assert clients[1]["status"] == "failed" and "disk on fire" in clients[1]["failure"]
+    assert all(clients[k]["status"] != "failed" for k in (0, 2, 3))
