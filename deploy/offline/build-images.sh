@@ -33,7 +33,7 @@ base_image="fedgan-offline/flwr-base:$FLWR_VERSION"
 INDEX_PORT="${FEDGAN_OFFLINE_INDEX_PORT:-3141}"
 index="http://127.0.0.1:$INDEX_PORT/simple"
 
-say() { printf 'build-images: %s\n' "$*" >&2; }
+say() { printf 'build-images: [%3d s] %s\n' "$SECONDS" "$*" >&2; }
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 docker info >/dev/null 2>&1 || { say "no Docker engine answers (DOCKER_HOST=${DOCKER_HOST:-default}); start one first"; exit 2; }
 mkdir -p "$cache"
