@@ -115,4 +115,6 @@ def test_make_run_is_the_quickstart_file_and_it_targets_a_per_client_epsilon_of_
     assert cfg.strategy == "dp-merf" and 0 < cfg.target_epsilon <= 100 and cfg.delta == 1e-5
     assert cfg.partition == "writer" and cfg.num_clients >= 1000
     gswgan = ExperimentConfig.from_toml(ROOT / "simulations" / "configs" / "quickstart-gswgan.toml")
-    assert gswgan.strategy == "gswgan" and gswgan.target_epsilon == cfg.target_epsilon
+    # GS-WGAN's best configuration for the same budget keeps ε 100, where it was measured: even there,
+    # twice make run's ε, it does not learn class structure (README, quick start)
+    assert gswgan.strategy == "gswgan" and gswgan.target_epsilon == 100 >= cfg.target_epsilon
