@@ -56,11 +56,16 @@ def build(args: argparse.Namespace) -> tuple[ExperimentConfig, ServerGenerator, 
         noise_multiplier=1.07,
     )
     server = ServerGenerator(cfg, num_classes_for(cfg))
-    clients = [new_state(cfg, k) for k in range(args.clients)]
-    for state in clients:  # the partition resident on the device too, as a GPU run would keep it
-        state.data.images = state.data.images.to(server.device)
-        state.data.labels = state.data.labels.to(server.device)
-    return cfg, server, clients
+    return cfg, server, resident_clients(cfg, server.device)
+
+
+def resident_clients(cfg: ExperimentConfig, device: torch.device) -> list:
+    """Every client's state, its partition resident on ``device`` too, as a GPU run would keep it."""
+    clients = [new_state(cfg, k) for k in range(cfg.num_clients)]
+    for state in clients:
+        state.data.images = state.data.images.to(device)
+        state.data.labels = state.data.labels.to(device)
+    return clients
 
 
 def one_step(cfg: ExperimentConfig, server: ServerGenerator, state, noise: torch.Generator) -> None:

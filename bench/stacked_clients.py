@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.client_state import new_state  # noqa: E402
+from bench.gpu_step import resident_clients, sync  # noqa: E402
 from common.codec import decode_grads  # noqa: E402
 from common.config import ExperimentConfig  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
@@ -58,11 +58,7 @@ def build(args: argparse.Namespace, m: int) -> tuple[ExperimentConfig, ServerGen
         wire_compression="none",
     )
     server = ServerGenerator(cfg, num_classes_for(cfg))
-    clients = [new_state(cfg, k) for k in range(cfg.num_clients)]
-    for state in clients:  # partitions resident on the device, as a GPU run would keep them
-        state.data.images = state.data.images.to(server.device)
-        state.data.labels = state.data.labels.to(server.device)
-    return cfg, server, clients
+    return cfg, server, resident_clients(cfg, server.device)
 
 
 def one_step(cfg: ExperimentConfig, server: ServerGenerator, group: list, step: int, stacked: bool) -> None:
@@ -79,11 +75,6 @@ def one_step(cfg: ExperimentConfig, server: ServerGenerator, group: list, step: 
     answers = stacked_critic_phase(pending, cfg) if stacked else [answer_pending(p, cfg) for p in pending]
     grads = [torch.from_numpy(decode_grads(a.grad, a.grad_encoding, batch_size=B)) for a in answers]
     server.apply(attached, grads, divisor=B * len(group))
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_arm(cfg, server, clients, m: int, stacked: bool, steps: int, start: int) -> float:

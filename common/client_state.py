@@ -68,10 +68,15 @@ def keeps_discriminator(cfg: ExperimentConfig) -> bool:
     return getattr(core(cfg.strategy), "CLIENT_DISCRIMINATOR", True)
 
 
+def client_seed(cfg: ExperimentConfig, client_id: int) -> int:
+    """The public seed of a client's initial weights (its D; offset, its warm start's throwaway G)."""
+    return cfg.seed * 1_000_003 + client_id
+
+
 def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
     """A fresh client: D initialised from a per-client seed (when the method keeps one), empty
     ledger, data cursor seeded."""
-    torch.manual_seed(cfg.seed * 1_000_003 + client_id)
+    torch.manual_seed(client_seed(cfg, client_id))
     disc = None
     if keeps_discriminator(cfg):
         disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg)).to(resolve_device(cfg.device))

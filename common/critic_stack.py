@@ -49,22 +49,23 @@ def stackable(states: Sequence[ClientState]) -> bool:
     if any(s.classifier is not None or not isinstance(s.optimizer, torch.optim.Adam) for s in states):
         return False
     first = discs[0]
-    shapes = [tuple(p.shape) for p in first.parameters()]
-    same = all(
+    same = all(  # one spec and one class count: the same parameter shapes
         d.spec == first.spec
         and d.num_classes == first.num_classes
-        and [tuple(p.shape) for p in d.parameters()] == shapes
         and next(d.parameters()).device == next(first.parameters()).device
         for d in discs
     )
-    return same and all(_plain_adam(s.optimizer) for s in states)
+    betas = states[0].optimizer.param_groups[0]["betas"]
+    return same and all(_plain_adam(s.optimizer, betas) for s in states)
 
 
-def _plain_adam(optimizer: torch.optim.Optimizer) -> bool:
-    """Adam as ``adam_for`` makes it: one group, no weight decay, no AMSGrad, not maximizing."""
+def _plain_adam(optimizer: torch.optim.Optimizer, betas: tuple[float, float]) -> bool:
+    """Adam as ``adam_for`` makes it (one group, no weight decay, no AMSGrad, not maximizing, not
+    capturable), with ``betas``: the stacked update shares them (learning rates may differ)."""
     groups = optimizer.param_groups
     return (
         len(groups) == 1
+        and groups[0]["betas"] == betas
         and not groups[0]["weight_decay"]
         and not groups[0]["amsgrad"]
         and not groups[0]["maximize"]
@@ -84,15 +85,13 @@ class StackedCritics:
         if not stackable(states):
             raise ValueError("these clients' discriminators cannot be stacked (see critic_stack.stackable)")
         self.states = list(states)
-        self.m = len(states)
         discs = [s.discriminator for s in states]
-        self.spec = discs[0].spec
-        self.names = [name for name, _ in discs[0].named_parameters()]
         per_client = [list(d.parameters()) for d in discs]
         self.params = [
             torch.stack([p.detach() for p in ps]).requires_grad_(True) for ps in zip(*per_client, strict=True)
         ]
-        self.by_name = dict(zip(self.names, self.params, strict=True))
+        names = [name for name, _ in discs[0].named_parameters()]
+        self.by_name = dict(zip(names, self.params, strict=True))
         self.u = {n: torch.stack([_sn(d, n)._u for d in discs]) for n in SN_LAYERS}
         self.v = {n: torch.stack([_sn(d, n)._v for d in discs]) for n in SN_LAYERS}
         self.eps = _sn(discs[0], SN_LAYERS[0]).eps
@@ -100,8 +99,6 @@ class StackedCritics:
         self.lr = [s.optimizer.param_groups[0]["lr"] for s in states]
         self.beta1, self.beta2 = group["betas"]
         self.adam_eps = group["eps"]
-        if any(s.optimizer.param_groups[0]["betas"] != group["betas"] for s in states):
-            raise ValueError("the clients' Adam betas differ; they cannot be stacked")
         self.step, self.exp_avg, self.exp_avg_sq = _stack_adam(states, per_client)
 
     # --- the stacked network --------------------------------------------------------------------

@@ -27,10 +27,7 @@ def handle(message: Message, context: Context) -> Message:
     use_client_threads()
     state = node.load_state()
     refusal = node.refusal()
-    if refusal:
-        answer = GsAnswer(step=query.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
-    else:
-        answer = answer_query(state, node.cfg, query, node.policy)
+    answer = _refused(query, state, refusal) if refusal else answer_query(state, node.cfg, query, node.policy)
     if not answer.refused:
         node.persist(state)
     return wire.reply(answer, message)
@@ -53,8 +50,7 @@ def handle_many(messages: list[Message], contexts: list[Context]) -> list[Messag
             results[i] = err
             continue
         if refusal:
-            answer = GsAnswer(step=query.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
-            results[i] = wire.reply(answer, message)
+            results[i] = wire.reply(_refused(query, state, refusal), message)
         else:
             work.append((i, node, state, query))
     for i, reply in _answer(work, messages):
@@ -97,3 +93,8 @@ def _one(node: Node, state: ClientState, query: GsQuery) -> GsAnswer | Exception
         return answer_query(state, node.cfg, query, node.policy)
     except Exception as err:  # noqa: BLE001 - this node fails, the others go on
         return err
+
+
+def _refused(query: GsQuery, state: ClientState, refusal: str) -> GsAnswer:
+    """The answer of a node whose own policy refuses the run: nothing released, nothing charged."""
+    return GsAnswer(step=query.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")

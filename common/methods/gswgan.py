@@ -28,7 +28,7 @@ import torch
 
 from common import critic_stack
 from common.calibration import ledger_epsilon, smallest_noise
-from common.client_state import ClientState
+from common.client_state import ClientState, client_seed
 from common.codec import GsAnswer, GsQuery, encode_grads
 from common.data import num_classes_for
 from common.device import resolve_device
@@ -315,7 +315,7 @@ def warm_start(
     # process's global RNG holds after the clients it served before: a client warms up the same
     # way alone, beside others in one step, or in another process.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed * 1_000_003 + state.client_id + WARM_START_STREAM)
+        torch.manual_seed(client_seed(cfg, state.client_id) + WARM_START_STREAM)
         gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
     B = min(cfg.batch_size, len(state.data.labels))
@@ -452,12 +452,13 @@ def answer_queries(
     states: list[ClientState], cfg: ExperimentConfig, queries: list[GsQuery], policies: list[NodePolicy]
 ) -> list[GsAnswer]:
     """The queries of one step to m clients (each its own state, query and policy), answered as
-    ``answer_query`` answers each: the critic phases of the clients that can be stacked run as one
-    network (``common/critic_stack.py``; the same results up to float rounding), the rest one by one.
+    ``answer_query`` answers each: with ``stack_clients``, the critic phases of the clients that can
+    be stacked run as one network (``common/critic_stack.py``; the same results up to float
+    rounding), else one by one.
     Each release is still sanitized with its client's own noise and charged to its own ledger."""
     begun = [begin_answer(s, cfg, q, p) for s, q, p in zip(states, queries, policies, strict=True)]
     pending = [b for b in begun if isinstance(b, PendingAnswer)]
-    if not critic_stack.stackable([p.state for p in pending]):
+    if not cfg.stack_clients or not critic_stack.stackable([p.state for p in pending]):
         return [b if isinstance(b, GsAnswer) else answer_pending(b, cfg) for b in begun]
     done = dict(zip(map(id, pending), stacked_critic_phase(pending, cfg), strict=True))
     return [b if isinstance(b, GsAnswer) else done[id(b)] for b in begun]
@@ -483,6 +484,8 @@ def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) ->
     stack = critic_stack.StackedCritics(states)
     B = pending[0].batch_size
     device = device_of(states[0].discriminator)
+    critic_x = torch.stack([p.critic_fakes for p in pending])  # [m, n_critic * B, ...]
+    critic_y = torch.stack([p.critic_labels for p in pending])
     stats: dict[str, torch.Tensor] = {}
     for i in range(cfg.n_critic):
         sl = slice(i * B, (i + 1) * B)
@@ -491,8 +494,8 @@ def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) ->
         stats = stack.critic_step(
             torch.stack([x for x, _ in reals]),
             torch.stack([y for _, y in reals]),
-            torch.stack([p.critic_fakes[sl] for p in pending]),
-            torch.stack([p.critic_labels[sl] for p in pending]),
+            critic_x[:, sl],
+            critic_y[:, sl],
             alpha,
             gp_weight=cfg.gp_weight,
             drift=cfg.drift,

@@ -80,3 +80,12 @@ def test_refusals_and_unstackable_clients_go_their_own_way():
     assert not stackable(states[:1])  # one client: nothing to stack
     states[0].discriminator.eval()
     assert not stackable(states)  # eval mode would not advance the power iteration
+
+
+def test_stack_clients_off_answers_one_by_one(monkeypatch):
+    from common.methods import gswgan
+
+    monkeypatch.setattr(gswgan, "stacked_critic_phase", lambda *a: pytest.fail("stacked although stack_clients=False"))
+    cfg = tiny_cfg(num_clients=3, stack_clients=False)
+    answers = answer_queries(states_of(cfg), cfg, [gs_query(cfg)] * 3, [NodePolicy()] * 3)
+    assert [a.refused for a in answers] == [False, False, False]
