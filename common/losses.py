@@ -19,6 +19,15 @@ def _per_sample_norm(g: Tensor) -> Tensor:
     return g.flatten(1).norm(2, dim=1)
 
 
+def draw_alpha(batch_size: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The penalty's interpolation weights ``[B, 1, 1, 1]`` ~ U[0, 1], drawn from ``generator`` where
+    it lives (a client's data RNG stays on the CPU whatever the device, ``common/device.py``), then
+    moved to ``device``. Callers that draw them ahead of the step (a CUDA-graph replay) use this
+    too, so the stream is consumed the same way."""
+    where = generator.device if generator is not None else device
+    return torch.rand((batch_size, 1, 1, 1), generator=generator, device=where).to(device)
+
+
 def gradient_penalty(
     D: nn.Module,
     real: Tensor,
@@ -27,19 +36,16 @@ def gradient_penalty(
     *,
     weight: float = 1.0,
     generator: torch.Generator | None = None,
+    alpha: Tensor | None = None,
 ) -> Tensor:
     """``weight * mean_i (||grad_x D(x_hat_i, y_i)||_2 - 1)^2`` on random interpolates.
 
-    ``x_hat_i = a_i * real_i + (1 - a_i) * fake_i`` with ``a_i ~ U[0, 1]`` (drawn from
-    ``generator`` if given). The graph is kept (``create_graph=True``) so the penalty can be
-    backpropagated into D's parameters.
+    ``x_hat_i = a_i * real_i + (1 - a_i) * fake_i`` with ``a_i ~ U[0, 1]``: ``alpha`` if given
+    (``draw_alpha``'s shape), else drawn from ``generator``. The graph is kept (``create_graph=True``)
+    so the penalty can be backpropagated into D's parameters.
     """
-    alpha = torch.rand(
-        (real.shape[0],) + (1,) * (real.dim() - 1),
-        generator=generator,
-        dtype=real.dtype,
-        device=generator.device if generator is not None else real.device,
-    ).to(real.device)  # a client's data RNG stays on the CPU whatever the device (common/device.py)
+    if alpha is None:
+        alpha = draw_alpha(real.shape[0], generator, real.device).view(-1, *([1] * (real.dim() - 1)))
     x_hat = (alpha * real.detach() + (1 - alpha) * fake.detach()).requires_grad_(True)
     (grad,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
     return weight * (_per_sample_norm(grad) - 1).pow(2).mean()
@@ -55,6 +61,7 @@ def critic_loss(
     gp_weight: float = 10.0,
     drift: float = 1e-3,
     generator: torch.Generator | None = None,
+    alpha: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """WGAN-GP critic loss (to minimize) and its statistics.
 
@@ -71,7 +78,7 @@ def critic_loss(
     # (and runs spectral norm's power iteration once instead of twice).
     scores = D(torch.cat([real, fake]), torch.cat([real_y, fake_y]))
     d_real, d_fake = scores[: real.shape[0]], scores[real.shape[0] :]
-    gp = gradient_penalty(D, real, fake, real_y, generator=generator)
+    gp = gradient_penalty(D, real, fake, real_y, generator=generator, alpha=alpha)
     loss = d_fake.mean() - d_real.mean() + gp_weight * gp + drift * d_real.pow(2).mean()
     # 0-dim tensors, not floats: reading one is a host sync on a GPU, and most steps never do.
     stats = {
@@ -95,10 +102,13 @@ def critic_step(
     gp_weight: float = 10.0,
     drift: float = 1e-3,
     generator: torch.Generator | None = None,
+    alpha: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """One optimizer step of D on ``critic_loss``; returns its statistics (before the step)."""
     optimizer.zero_grad(set_to_none=True)
-    loss, stats = critic_loss(D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator)
+    loss, stats = critic_loss(
+        D, real, real_y, fake, fake_y, gp_weight=gp_weight, drift=drift, generator=generator, alpha=alpha
+    )
     loss.backward()
     optimizer.step()
     return stats

@@ -235,7 +235,13 @@ class GeneratorEMA:
 
     def update(self, model: nn.Module) -> float:
         """Fold ``model``'s current weights into the average; returns the decay applied."""
-        d = ema_update(self.module, model, self.decay, step=self.num_updates if self.warmup else None)
+        return ema_update(self.module, model, self.next_decay())
+
+    def next_decay(self) -> float:
+        """The decay of the next update (``ema_update``'s ``num_updates`` rule when warming up),
+        counted as applied: for callers that apply it themselves (a CUDA graph's update)."""
+        step = self.num_updates
+        d = min(self.decay, (1.0 + step) / (10.0 + step)) if self.warmup else self.decay
         self.num_updates += 1
         return d
 

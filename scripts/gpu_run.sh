@@ -4,10 +4,12 @@
 #     device run, carry [".gpu"]:  bash scripts/gpu_run.sh [step|paper|frontier]
 #
 # Installs the carried wheels into /tmp/site (the image's PyTorch stays), then:
-#   step     (default) bench/gpu_step.py --device cuda: ms per GS-WGAN step at the paper's networks,
-#            and bench/stacked_clients.py: m clients per step, stacked vs one by one
+#   step     (default) the CUDA-graph tests, bench/gpu_step.py --device cuda: ms per GS-WGAN step at
+#            the paper's networks, eager vs CUDA graphs, and bench/stacked_clients.py: m clients per
+#            step, stacked vs one by one (SKIP_STACKED=1 leaves it out)
 #   paper    a paper-scale GS-WGAN run on Fashion-MNIST (K = 1,000, --target-epsilon 10) that
-#            checkpoints and resumes across calls (10 minutes each): call again until it is done
+#            checkpoints and resumes across calls (10 minutes each; PAPER_LIMIT_S caps one call's
+#            training, default 560 s): call again until it is done
 #   frontier bench/frontier.py --scale paper --device cuda (many calls' worth; use --reuse)
 # Everything written under $OUT comes back; checkpoints stay in runs/ on the machine only while it is warm.
 set -euo pipefail
@@ -19,17 +21,21 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.csv"
 case "${1:-step}" in
   step)
+    # The CUDA-graph critic phase against the eager one on this GPU first (skipped on CPU-only CI).
+    python3 -m pytest -q -p no:cacheprovider tests/unit/common/test_critic_graph.py tests/unit/common/test_generator_graph.py 2>&1 | tee "$OUT/pytest-critic-graph.txt" || true
     python3 bench/gpu_step.py --device cuda --model paper --out "$OUT/gpu_step-cuda-paper.json"
     python3 bench/gpu_step.py --device cuda --model paper --critic-fakes query --out "$OUT/gpu_step-cuda-paper-query.json"
-    python3 bench/stacked_clients.py --device cuda --model paper --m 1,8,32 --clients 64 \
-      --out "$OUT/stacked_clients-cuda-paper.json"
+    if [ "${SKIP_STACKED:-0}" != 1 ]; then
+      python3 bench/stacked_clients.py --device cuda --model paper --m 1,8,32 --clients 64 \
+        --out "$OUT/stacked_clients-cuda-paper.json"
+    fi
     ;;
   paper)
     RUN=runs/paper-gswgan
     if [ -f "$RUN/checkpoint.pt" ]; then
-      timeout 560 python3 -m simulations.cli simulate --resume "$RUN" --no-progress || true
+      timeout "${PAPER_LIMIT_S:-560}" python3 -m simulations.cli simulate --resume "$RUN" --no-progress || true
     else
-      timeout 560 python3 -m simulations.cli simulate --transport inprocess --device cuda --model paper \
+      timeout "${PAPER_LIMIT_S:-560}" python3 -m simulations.cli simulate --transport inprocess --device cuda --model paper \
         --dataset fashion-mnist --partition iid --num-clients 1000 --steps 20000 --warmup-steps 2000 \
         --target-epsilon 10 --no-eval-inception --eval-fid-samples 10000 --checkpoint-every 500 \
         --no-progress --out "$RUN" || true

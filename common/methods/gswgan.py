@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from common import critic_stack
+from common import critic_graph, critic_stack
 from common.calibration import ledger_epsilon, smallest_noise
 from common.client_state import ClientState, client_seed
 from common.codec import GsAnswer, GsQuery, encode_grads
 from common.data import num_classes_for
 from common.device import resolve_device
-from common.dpac import classifier_step, combined_sample_grads, train_classifier
-from common.losses import critic_step
+from common.dpac import classifier_step, train_classifier
+from common.generator_graph import GeneratorGraph
+from common.losses import draw_alpha
 from common.models import GeneratorEMA, build_discriminator, build_generator, device_of, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import NodePolicy, PrivacyEvent, query_noise_multiplier, sanitize_sample_grads
@@ -112,6 +113,13 @@ class Options:
         "RNG, sanitizes with its own noise and ends where it would alone, up to float rounding); far fewer, "
         "larger kernels, which is how one GPU serves many clients. Off: one client after another. Flower's "
         "runtimes hand each message to its own ClientApp, so they always compute clients one by one",
+    )
+    cuda_graphs: bool = option(
+        True,
+        "on a CUDA device, a client's critic steps and its release gradient replay CUDA graphs captured once "
+        "per process (common/critic_graph.py: the client's D and Adam are copied into one captured network and "
+        "back, so it ends where the eager steps would, up to float rounding); a no-op on the CPU, for m > 1 "
+        "stacked clients and for DPAC",
     )
     client_stats: bool = option(
         False,
@@ -217,24 +225,23 @@ def real_batch(state: ClientState, batch_size: int) -> tuple[torch.Tensor, torch
 
 
 def critic_steps(
-    state: ClientState, cfg: ExperimentConfig, fakes: torch.Tensor, labels: torch.Tensor, batch_size: int
+    state: ClientState,
+    cfg: ExperimentConfig,
+    fakes: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int,
+    critic: critic_graph.Critic | None = None,
 ) -> dict[str, torch.Tensor]:
-    """n_critic WGAN-GP steps of D_k, one per fake batch; returns the last step's statistics."""
+    """n_critic WGAN-GP steps of D_k, one per fake batch; returns the last step's statistics.
+    ``critic`` steps D_k (default: its own modules, eagerly; ``critic_graph.critic_session``)."""
+    critic = critic or critic_graph.EagerCritic(state, cfg)
+    device = device_of(state.discriminator)
     stats: dict[str, torch.Tensor] = {}
     for i in range(cfg.n_critic):
         sl = slice(i * batch_size, (i + 1) * batch_size)
         real, real_y = real_batch(state, batch_size)
-        stats = critic_step(
-            state.discriminator,
-            state.optimizer,
-            real,
-            real_y,
-            fakes[sl],
-            labels[sl],
-            gp_weight=cfg.gp_weight,
-            drift=cfg.drift,
-            generator=state.data_rng,
-        )
+        alpha = draw_alpha(len(real_y), state.data_rng, device)
+        stats = critic.critic_step(real, real_y, fakes[sl], labels[sl], alpha)
         if state.classifier is not None and state.classifier_optimizer is not None:
             train_classifier(
                 state.classifier, state.classifier_optimizer, cfg.dpac_train, real, real_y, fakes[sl], labels[sl]
@@ -318,28 +325,22 @@ def warm_start(
         torch.manual_seed(client_seed(cfg, state.client_id) + WARM_START_STREAM)
         gen = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
     g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
+    g_params = list(gen.parameters())
     B = min(cfg.batch_size, len(state.data.labels))
     period = max(cfg.n_critic, 1)
-    for it in range(steps):
-        if it % period == 0:
-            y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
-            fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
-        real, real_y = batches(B)
-        critic_step(
-            state.discriminator,
-            state.optimizer,
-            real,
-            real_y,
-            fake.detach(),
-            y,
-            gp_weight=cfg.gp_weight,
-            drift=cfg.drift,
-            generator=state.data_rng,
-        )
-        if (it + 1) % period == 0:
-            g_opt.zero_grad(set_to_none=True)
-            (-state.discriminator(fake, y).mean()).backward()
-            g_opt.step()
+    with critic_graph.critic_session(state, cfg, B) as critic:
+        for it in range(steps):
+            if it % period == 0:
+                y = torch.randint(num_classes, (B,), generator=state.data_rng).to(device)
+                fake = gen(sample_latent(B, cfg.z_dim, generator=state.data_rng).to(device), y)
+            real, real_y = batches(B)
+            critic.critic_step(real, real_y, fake.detach(), y, draw_alpha(len(real_y), state.data_rng, device))
+            if (it + 1) % period == 0:
+                # Gradients for G only: D's own are the critic's business (a graph's static buffers).
+                grads = torch.autograd.grad(-critic.D(fake, y).mean(), g_params)
+                for p, g in zip(g_params, grads, strict=True):
+                    p.grad = g
+                g_opt.step()
     state.warmed_up = True
 
 
@@ -467,10 +468,9 @@ def answer_queries(
 def answer_pending(pending: PendingAnswer, cfg: ExperimentConfig) -> GsAnswer:
     """The critic phase of one client alone, then its release."""
     B, state = pending.batch_size, pending.state
-    stats = critic_steps(state, cfg, pending.critic_fakes, pending.critic_labels, B)
-    grads = combined_sample_grads(
-        state.discriminator, state.classifier, pending.fakes[-B:], pending.labels[-B:], cfg.dpac_beta
-    )
+    with critic_graph.critic_session(state, cfg, B) as critic:
+        stats = critic_steps(state, cfg, pending.critic_fakes, pending.critic_labels, B, critic)
+        grads = critic.sample_grads(pending.fakes[-B:], pending.labels[-B:])
     return finish_answer(pending, cfg, grads, stats)
 
 
@@ -539,6 +539,18 @@ class ServerGenerator:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
         self.rng = torch.Generator().manual_seed(cfg.seed)
         self.public_warmed = not cfg.public_warmup_steps
+        self._graph: GeneratorGraph | None = None  # common/generator_graph.py, made on first use
+        self._graph_query: torch.Tensor | None = None  # the queried batch the graph holds
+
+    def _graph_for(self, batch_size: int, n_critic: int) -> GeneratorGraph | None:
+        """The CUDA graphs of G's query and update where they apply: asked for, on CUDA, one client
+        per step (each query is applied before the next); rebuilt if B or the critic batches change."""
+        if not (self.cfg.cuda_graphs and self.device.type == "cuda" and self.cfg.clients_per_step == 1):
+            return None
+        graph = self._graph
+        if graph is None or (graph.batch_size, graph.critic) != (batch_size, n_critic):
+            graph = self._graph = GeneratorGraph(self.model, self.optimizer, self.ema, batch_size, n_critic)
+        return graph
 
     def public_warm_start(self) -> None:
         """dpGAN's warm start of G on the public data, against a public D that is then discarded;
@@ -546,6 +558,7 @@ class ServerGenerator:
         D = build_discriminator(self.cfg.model, num_classes=self.num_classes).to(self.device)
         self.ema = warm_gan_on_public(self.model, D, self.cfg, num_classes=self.num_classes, rng=self.rng)
         self.public_warmed = True
+        self._graph = None  # a new EMA: captured again on the next query
 
     def draw_labels(self, n: int) -> torch.Tensor:
         """Uniform labels drawn by the server, never from a client's label histogram (it would leak)."""
@@ -565,6 +578,12 @@ class ServerGenerator:
         """
         labels = self.draw_labels((n_critic + 1) * batch_size)
         n = n_critic * batch_size
+        graph = self._graph_for(batch_size, n_critic)
+        if graph is not None:  # the same draws in the same order as below
+            z_critic = sample_latent(n, self.cfg.z_dim, generator=self.rng) if n_critic else torch.zeros(0, 0)
+            z = sample_latent(batch_size, self.cfg.z_dim, generator=self.rng)
+            samples, self._graph_query = graph.query(labels, z_critic.to(self.device), z.to(self.device))
+            return samples.cpu(), labels, self._graph_query
         critic = [self.sample(n, labels[:n], grad=False)] if n_critic else []
         last = self.sample(batch_size, labels[n:], grad=True)
         return torch.cat([*critic, last.detach()]).cpu(), labels, last
@@ -580,6 +599,11 @@ class ServerGenerator:
         With ``grad_dct`` the clients sent DCT coefficients; they are lifted back to pixels first.
         Returns False (no step) when G's gradient is not finite.
         """
+        if self._graph is not None:
+            if len(attached) != 1 or attached[0] is not self._graph_query:
+                raise RuntimeError("a CUDA-graph step applies the one batch it queried last (clients_per_step = 1)")
+            grad = to_pixels(grads[0], self.cfg.grad_dct) if self.cfg.grad_dct else grads[0]
+            return self._graph.apply(grad.to(self.device), divisor)
         self.optimizer.zero_grad(set_to_none=True)
         for fake, grad in zip(attached, grads, strict=True):
             grad = to_pixels(grad, self.cfg.grad_dct) if self.cfg.grad_dct else grad
@@ -597,7 +621,7 @@ class ServerGenerator:
         return {
             "model": self.model.state_dict(),
             "ema": self.ema.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": portable_adam_state(self.optimizer),
             "rng": self.rng.get_state(),
             "public_warmed": self.public_warmed,
         }
@@ -606,5 +630,19 @@ class ServerGenerator:
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._graph = None  # Adam's state tensors are new: captured again on the next query
         self.rng.set_state(state["rng"])
         self.public_warmed = bool(state.get("public_warmed", True))
+
+
+def portable_adam_state(optimizer: torch.optim.Optimizer) -> dict:
+    """Adam's state dict as an eager Adam keeps it (CPU step counts, not capturable), whether or not
+    a CUDA graph made it capturable: a checkpoint resumes on any device, with or without graphs.
+    New dicts throughout: ``state_dict()`` shares the live state's."""
+    sd = optimizer.state_dict()
+    state = {
+        k: {**v, "step": torch.as_tensor(v["step"]).detach().cpu()} if "step" in v else v
+        for k, v in sd["state"].items()
+    }
+    groups = [{**g, "capturable": False} for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}

@@ -36,12 +36,24 @@ def test_gpu_step_runs_the_gswgan_step_on_the_cpu(tmp_path, monkeypatch, capsys)
     """The GPU benchmark is written for a lent GPU but runs anywhere: a tiny CPU run gives a figure."""
     module = load_bench(ROOT / "bench" / "gpu_step.py", monkeypatch)
     out = tmp_path / "gpu_step.json"
-    argv = ["--device", "cpu", "--model", "tiny", "--clients", "2", "--steps", "3", "--warmup", "1", "--out", str(out)]
-    assert module.main(argv) == 0
+    argv = ["--device", "cpu", "--model", "tiny", "--clients", "2", "--steps", "3", "--warmup", "1"]
+    assert module.main([*argv, "--warm-iters", "3", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["steps_timed"] == 3
-    assert result["ms_per_step_median"] > 0
-    assert "ms/step median on" in capsys.readouterr().out
+    assert set(result["arms"]) == {"eager", "graphs"}  # on the CPU both arms run eagerly
+    assert all(
+        arm["ms_per_step_median"] > 0 and arm["ms_per_warm_start_iteration"] > 0 for arm in result["arms"].values()
+    )
+    assert "ms/step, graphs" in capsys.readouterr().out
+
+
+def test_profile_step_writes_its_tables(tmp_path, monkeypatch, capsys):
+    module = load_bench(ROOT / "bench" / "profile_step.py", monkeypatch)
+    out = tmp_path / "profile.txt"
+    assert module.main(["--device", "cpu", "--model", "tiny", "--steps", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("eager: ") and "aten::" in text
+    assert "profile_step: eager" in capsys.readouterr().out
 
 
 def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch, capsys):
