@@ -175,7 +175,38 @@ class PrivacyLedger:
         eps, _ = epsilon_from_rdp(_curve(_merged(self._history, next_event)), delta=delta)
         return eps > budget
 
+    def since(self, earlier: PrivacyLedger) -> list[PrivacyEvent]:
+        """The releases recorded after ``earlier`` (an earlier state of this ledger), in order;
+        ValueError when ``earlier`` is not one (``extends`` is False)."""
+        if not self.extends(earlier):
+            raise ValueError(f"{earlier!r} is not an earlier state of {self!r}")
+        head = list(earlier.history)
+        if not head:
+            return list(self._history)
+        k = len(head) - 1  # the earlier last run may since have grown in count
+        rest = list(self._history[k:])
+        grown = rest[0].count - head[-1].count
+        return ([rest[0].times(grown)] if grown else []) + rest[1:]
+
+    def combined(self, other: PrivacyLedger) -> PrivacyLedger:
+        """This ledger's releases followed by ``other``'s: the composition of both."""
+        out = self.copy()
+        for event in other.history:
+            out.record(event)
+        return out
+
     # --- comparison ---------------------------------------------------------------------------
+    def extends(self, earlier: PrivacyLedger) -> bool:
+        """True when ``earlier`` is an earlier state of this ledger: the same releases, in the same
+        order, of which this one may hold more (a ledger that only ever grew)."""
+        head, mine = earlier.history, self._history
+        if not head:
+            return True
+        if len(head) > len(mine) or list(head[:-1]) != mine[: len(head) - 1]:
+            return False
+        last, here = head[-1], mine[len(head) - 1]
+        return here.same_mechanism(last) and here.count >= last.count
+
     def exceeds(self, other: PrivacyLedger, *, delta: float) -> bool:
         """True when this ledger accounts for strictly more than ``other`` (larger ε; equal ε: more
         releases). Where two records of the same client disagree, reports keep the larger."""

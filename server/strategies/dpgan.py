@@ -96,7 +96,7 @@ class DpganStrategy(Strategy):
         """The curator's round: its G (the EMA follows), its ledger, its statistics on fakes."""
         self.generator.load_state_dict(answer.generator)
         self.ema.update(self.generator)
-        self.records.absorb(self.node_client, [reply], final=False)
+        outcome.notes += self.records.absorb(self.node_client, [reply], final=False)
         self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
         self.last = {
             "noise_multiplier": answer.noise_multiplier,

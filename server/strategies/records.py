@@ -9,7 +9,10 @@ Two records exist for every client and reports keep the larger (``PrivacyLedger.
   at the end of the run (also from nodes that failed, best effort).
 
 Neither may silently replace the other: a client ledger can be smaller after its state file was
-lost, a server record smaller after a late answer.
+lost, a server record smaller after a late answer. A client ledger that goes backwards (it no
+longer extends the one the client sent before: its state was lost or replaced) never erases what
+it had reported: those releases are kept as the client's *earlier* ledger, composed with whatever
+it sends from then on, and a note says so (the released generator depends on all of them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class ClientRecords:
         self.delta = delta
         self.charged: dict[int, PrivacyLedger] = {c: led.copy() for c, led in (prior or {}).items()}
         self.own: dict[int, PrivacyLedger] = {}
+        self.earlier: dict[int, PrivacyLedger] = {}  # releases of ledgers the client has since lost
 
     def charge(self, client_id: int, event: PrivacyEvent) -> None:
         self.charged.setdefault(client_id, PrivacyLedger()).record(event)
@@ -45,7 +49,7 @@ class ClientRecords:
                 notes.append(f"node {reply.node_id} (client {cid}): {problem}; the server's record of it is reported")
             if cid is None or own is None:
                 continue
-            self.own[cid] = own
+            notes += self._take_own(cid, own)
             charged = self.charged.get(cid, NO_RELEASES)
             if final and charged.queries != own.queries:
                 notes.append(
@@ -54,15 +58,36 @@ class ClientRecords:
                 )
         return notes
 
+    def _take_own(self, cid: int, own: PrivacyLedger) -> list[str]:
+        """Keep the client's latest ledger; one that went backwards moves the previous one (with
+        what the client had lost before) into ``earlier``, and says so."""
+        previous = self.own.get(cid)
+        self.own[cid] = own
+        if previous is None or own.extends(previous):
+            return []
+        self.earlier[cid] = self.earlier.get(cid, NO_RELEASES).combined(previous)
+        return [
+            f"client {cid}: its ledger went backwards ({previous.queries} releases before, {own.queries} now: "
+            "its state was lost or replaced); the releases it had reported stay counted, composed with its new ones"
+        ]
+
+    def own_total(self, client_id: int) -> PrivacyLedger:
+        """Everything the client's ledgers have shown: the lost ones, then its latest."""
+        own = self.own.get(client_id, NO_RELEASES)
+        earlier = self.earlier.get(client_id)
+        return own if earlier is None else earlier.combined(own)
+
     def settle(self, client_id: int) -> None:
         """The client's reply carried its whole ledger, up to and including the message just
-        answered (or refused): the server's record of it becomes that ledger."""
+        answered (or refused): the server's record of it becomes that ledger, composed with any
+        the client has lost before, and never smaller than the record it replaces by more than
+        the planned charges it settles (``own_total`` keeps every release ever reported)."""
         if client_id in self.own:
-            self.charged[client_id] = self.own[client_id].copy()
+            self.charged[client_id] = self.own_total(client_id).copy()  # charged later, never the own
 
     def ledger_of(self, client_id: int) -> PrivacyLedger:
-        """The larger of the client's own ledger and the server's record of it."""
-        own, charged = self.own.get(client_id, NO_RELEASES), self.charged.get(client_id, NO_RELEASES)
+        """The larger of everything the client's ledgers showed and the server's record of it."""
+        own, charged = self.own_total(client_id), self.charged.get(client_id, NO_RELEASES)
         return charged if charged.exceeds(own, delta=self.delta) else own
 
     def ledgers(self, client_ids: range | list[int]) -> dict[int, PrivacyLedger]:
@@ -72,8 +97,10 @@ class ClientRecords:
         return {
             "charged": {c: led.state_dict() for c, led in self.charged.items()},
             "own": {c: led.state_dict() for c, led in self.own.items()},
+            "earlier": {c: led.state_dict() for c, led in self.earlier.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.charged = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("charged", {}).items()}
         self.own = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("own", {}).items()}
+        self.earlier = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("earlier", {}).items()}

@@ -214,3 +214,40 @@ def test_dpgan_takes_the_curators_generator_and_ledger(tmp_path):
     assert report["clients"][0]["epsilon"] == pytest.approx(ledger.epsilon(delta=cfg.delta))
     assert report["summary_extra"]["discriminator_steps"] == 5
     assert s.select_nodes([102, 101, 103]) == [101]  # only the curator (client 0) is ever asked
+
+
+def dpgan_reply(step, ledger):
+    return wire.encode(
+        DpganReply(
+            step=step,
+            refused=False,
+            reason="",
+            noise_multiplier=1.0,
+            sample_rate=0.1,
+            n_d=5,
+            discriminator_steps=ledger.queries,
+            ledger=json.dumps(ledger.state_dict()),
+            stats={},
+            generator=build_generator("tiny").state_dict(),
+        )
+    )
+
+
+def test_dpgan_a_curator_ledger_that_goes_backwards_never_lowers_the_reported_epsilon(tmp_path):
+    """Audit: deleting the curator's state file and resuming made the reported ε fall (1.743 ->
+    1.661) while the released G depends on every DP step. The lost steps stay counted."""
+    cfg, s = make("dpgan", tmp_path)
+    step5 = PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5, sampling="poisson")
+    notes = []
+    for step, count in enumerate((5, 10, 5)):  # the third reply: a curator that lost its state
+        s.configure_step(step, [101])
+        notes += s.aggregate_step(step, [Incoming(101, dpgan_reply(step, PrivacyLedger([step5.times(count)])))]).notes
+    all_steps = PrivacyLedger([step5.times(15)])
+    reported = s.privacy_report(final=True)["clients"][0]["epsilon"]
+    assert reported == pytest.approx(all_steps.epsilon(delta=cfg.delta))
+    assert reported > PrivacyLedger([step5.times(10)]).epsilon(delta=cfg.delta)
+    assert any("went backwards" in n for n in notes)
+    # and it survives a checkpoint
+    _, again = make("dpgan", tmp_path)
+    again.load_state_dict(s.state_dict())
+    assert again.privacy_report(final=True)["clients"][0]["epsilon"] == pytest.approx(reported)
