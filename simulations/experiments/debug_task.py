@@ -60,8 +60,8 @@ def selection_prior(
     cfg: ExperimentConfig, selection: dict[int, dict[str, Any]], noise_multiplier: float
 ) -> PriorReleases:
     """The selection query as both group runs must account for it: one Gaussian release (noise
-    multiplier σ_sel on an accuracy of sensitivity 1/n: an example-level guarantee) by every client
-    that answered, and for the amplified figure one unsampled release of the whole federation."""
+    multiplier σ_sel on an accuracy of client-level sensitivity 1) by every client that answered,
+    and for the amplified figure one unsampled release of the whole federation."""
     event = PrivacyEvent(noise_multiplier=noise_multiplier, void=VOID_NOISE_SEED if cfg.noise_seed >= 0 else "")
     answered = [c for c, s in selection.items() if s["accuracy_noisy"] is not None]
     return PriorReleases(
@@ -69,8 +69,8 @@ def selection_prior(
         server=[event] if answered else [],
         description=(
             f"Both generators of the debugging task depend on every client's selection release (its "
-            f"noisy on-device accuracy, noise multiplier {noise_multiplier:g}, sensitivity 1/n: "
-            "example-level), which every figure above includes, for clients outside this group too."
+            f"noisy on-device accuracy, noise multiplier {noise_multiplier:g} on a sensitivity of 1: "
+            "per client), which every figure above includes, for clients outside this group too."
         ),
     )
 
@@ -187,7 +187,7 @@ def _result(cfg, out, selection, truth, suspects, rest, groups, clf_meta, thresh
     hits = len(set(suspects) & set(inverted))
     ledger_note = (
         "each client's ledger holds its selection query (a Gaussian mechanism with noise "
-        f"multiplier {selection_noise} on its accuracy, sensitivity 1/n) and its GS-WGAN answers"
+        f"multiplier {selection_noise} on its accuracy, client-level sensitivity 1) and its GS-WGAN answers"
     )
     return {
         "run_dir": str(out),

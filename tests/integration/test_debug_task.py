@@ -10,7 +10,9 @@ from tests.helpers import tiny_flags
 
 def test_debug_task_selects_inverted_clients_and_accounts_for_the_selection(tmp_path, capsys):
     out = tmp_path / "dbg"
+    # σ_sel 0.05: the margin between upright (~0.9) and inverted (~0.1) accuracies is 8 noise stds
     args = ["debug-task", *tiny_flags(num_clients=6, steps=6, eval=None), "--num-samples", "100", "--out", str(out)]
+    args += ["--selection-noise", "0.05"]
     assert main(args) == 0
     assert "bright samples" in capsys.readouterr().out
     result = json.loads((out / "debug_task.json").read_text())
@@ -32,9 +34,9 @@ def test_debug_task_selects_inverted_clients_and_accounts_for_the_selection(tmp_
             assert ledger.queries == answered and c["epsilon"] > 0
             if c["client_id"] not in group["clients"]:
                 # every client's selection release decided this group: it is in this group's report
-                assert [(e.noise_multiplier, e.count) for e in ledger.history] == [(1.0, 1)]
+                assert [(e.noise_multiplier, e.count) for e in ledger.history] == [(0.05, 1)]
         # the amplified figure composes the selection (everyone, unsampled) with the group's steps
         first = PrivacyLedger.from_state_dict(privacy["epsilon_amplified"]["ledger"]).history[0]
-        assert (first.noise_multiplier, first.sampling, first.count) == (1.0, "none", 1)
+        assert (first.noise_multiplier, first.sampling, first.count) == (0.05, "none", 1)
         assert group["epsilon_max_per_client"] == max(c["epsilon"] for c in privacy["clients"])
     assert (out / "side_by_side.png").stat().st_size > 1000
