@@ -15,6 +15,16 @@ os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_node_policy_left_behind(monkeypatch):
+    """``fedgan simulate --node-policy`` points the process's FEDGAN_NODE_POLICY at its file; a test
+    that runs the CLI in this process would leave it set for the next one, whose nodes would then
+    have two policy sources (refused). Each test starts without it and restores it after."""
+    from common.privacy.policy import POLICY_ENV
+
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+
+
 @pytest.fixture
 def allow_nonprivate(tmp_path, monkeypatch):
     """Every simulated node (Flower simulation or in-process) pins a policy that allows the testing

@@ -10,11 +10,13 @@ are used. A node pins these itself, in its node config or a policy file on its o
     allow-nonprivate = false     # fixed noise seeds, un-noised statistics, σ = 0, reproducible
                                  # DP-SGD batches: debugging only, and then ε is unbounded
 
-Sources, first found wins: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``),
-a TOML file named by node-config ``privacy-policy``, a TOML file named by the environment variable
-``FEDGAN_NODE_POLICY`` (how ``fedgan simulate --node-policy`` reaches simulated nodes), else the
-defaults above (no minimum, no budget, δ = 1e-5, nothing non-private). A policy that cannot be read
-or is invalid makes the node refuse everything, naming the cause (fail closed).
+Sources, exactly one: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``), or a
+TOML file named by node-config ``privacy-policy``, or one named by the environment variable
+``FEDGAN_NODE_POLICY`` (how ``fedgan simulate --node-policy`` reaches simulated nodes); none of them:
+the defaults above (no minimum, no budget, δ = 1e-5, nothing non-private). Two sources at once (an
+inline key beside a file, two different files), a key outside the file's ``[policy]`` table beside
+it, or a ``policy`` that is not a table are errors, never one source silently winning. A policy
+that cannot be read or is invalid makes the node refuse everything, naming the cause (fail closed).
 """
 
 from __future__ import annotations
@@ -166,7 +168,25 @@ def policy_from_file(path: str | Path) -> NodePolicy:
         raise PolicyError(f"node privacy policy {path} cannot be read: {err.strerror or err}") from err
     except tomllib.TOMLDecodeError as err:
         raise PolicyError(f"node privacy policy {path} is not valid TOML: {err}") from err
-    return policy_from_mapping(dict(data.get("policy", data)), source=f"node privacy policy {path}")
+    source = f"node privacy policy {path}"
+    return policy_from_mapping(_policy_table(data, source), source=source)
+
+
+def _policy_table(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The keys of a policy file: its ``[policy]`` table if it has one (and then nothing beside
+    it: a key outside would be ignored), else its top level."""
+    if "policy" not in data:
+        return data
+    table = data["policy"]
+    if not isinstance(table, dict):
+        raise PolicyError(f"{source}: policy must be a table ([policy] and its keys), got {table!r}")
+    outside = sorted(k for k in data if k != "policy")
+    if outside:
+        raise PolicyError(
+            f"{source}: {', '.join(outside)} outside the [policy] table would be ignored; put every key "
+            "inside [policy] (or drop the table)"
+        )
+    return dict(table)
 
 
 def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
@@ -176,10 +196,25 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
         for k, v in node_config.items()
         if k.startswith(NODE_CONFIG_PREFIX) and k != POLICY_FILE_KEY
     }
+    files = [
+        (where, str(path))
+        for where, path in (
+            (f"node config {POLICY_FILE_KEY}", node_config.get(POLICY_FILE_KEY)),
+            (POLICY_ENV, environ.get(POLICY_ENV)),
+        )
+        if path
+    ]
+    if inline and files:
+        keys = ", ".join(NODE_CONFIG_PREFIX + k for k in sorted(inline))
+        raise PolicyError(
+            f"node config sets {keys} and {files[0][0]} names the policy file {files[0][1]}: a node's policy has "
+            "one source; put every key in the file, or drop the file"
+        )
+    if len({os.path.realpath(path) for _, path in files}) > 1:
+        raise PolicyError(
+            f"two policy files: {files[0][1]} ({files[0][0]}) and {files[1][1]} ({files[1][0]}); a node's policy "
+            "has one source"
+        )
     if inline:
         return policy_from_mapping(inline, source="node config")
-    if node_config.get(POLICY_FILE_KEY):
-        return policy_from_file(str(node_config[POLICY_FILE_KEY]))
-    if environ.get(POLICY_ENV):
-        return policy_from_file(environ[POLICY_ENV])
-    return NodePolicy()
+    return policy_from_file(files[0][1]) if files else NodePolicy()

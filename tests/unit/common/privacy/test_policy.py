@@ -63,10 +63,10 @@ def test_sources_in_order_node_config_file_environment(tmp_path) -> None:
     from_env = load_policy({}, {POLICY_ENV: str(file)})
     assert (from_env.min_noise_multiplier, from_env.max_epsilon, from_env.allow_nonprivate) == (2.0, 9.5, True)
     assert load_policy({"privacy-policy": str(file)}, {}).source.endswith("policy.toml")
-    inline = load_policy(
-        {"privacy-max-epsilon": 3, "privacy-allow-nonprivate": "false", "partition-id": 0}, {POLICY_ENV: str(file)}
-    )
+    inline = load_policy({"privacy-max-epsilon": 3, "privacy-allow-nonprivate": "false", "partition-id": 0}, {})
     assert (inline.max_epsilon, inline.allow_nonprivate, inline.source) == (3.0, False, "node config")
+    same = load_policy({"privacy-policy": str(file)}, {POLICY_ENV: str(file)})  # one file, named twice
+    assert same.max_epsilon == 9.5
     (tmp_path / "table.toml").write_text("[policy]\ndelta = 1e-6\n")
     assert policy_from_file(tmp_path / "table.toml").delta == 1e-6
 
@@ -89,3 +89,27 @@ def test_a_bad_policy_is_an_error_naming_the_file_and_field(tmp_path, text: str,
     assert str(path) in str(err.value)
     with pytest.raises(PolicyError, match="cannot be read"):
         policy_from_file(tmp_path / "missing.toml")
+
+
+def test_two_sources_or_a_key_outside_the_table_refuse_everything_naming_both(tmp_path) -> None:
+    """Audit: a top-level max-epsilon beside [policy] was ignored (releases up to ε 15.3 against a
+    budget of 1), an inline privacy-* key silently discarded the whole file, `policy = 5` was a
+    traceback. Each is now an error naming the file and the key: the node refuses everything."""
+    file = tmp_path / "p.toml"
+    file.write_text("max-epsilon = 1.0\n[policy]\nmin-noise-multiplier = 1.0\n")
+    with pytest.raises(PolicyError, match=r"max-epsilon outside the \[policy\] table") as err:
+        policy_from_file(file)
+    assert str(file) in str(err.value)
+    for bad in ("policy = 5", "policy = [1, 2]", 'policy = "strict"'):
+        file.write_text(bad + "\n")
+        with pytest.raises(PolicyError, match="policy must be a table"):
+            policy_from_file(file)
+    file.write_text("max-epsilon = 1.0\n")
+    for where in ({"privacy-policy": str(file)}, {}):
+        environ = {} if where else {POLICY_ENV: str(file)}
+        with pytest.raises(PolicyError, match="privacy-min-noise-multiplier and .* names the policy file"):
+            load_policy({"privacy-min-noise-multiplier": 2, **where}, environ)
+    other = tmp_path / "q.toml"
+    other.write_text("max-epsilon = 5.0\n")
+    with pytest.raises(PolicyError, match="two policy files"):
+        load_policy({"privacy-policy": str(file)}, {POLICY_ENV: str(other)})
