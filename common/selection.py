@@ -36,14 +36,11 @@ def noisy_accuracy(
 
     The server chooses σ_sel per query, so the node checks it against its own policy here."""
     policy = policy or NodePolicy()
-    problem = policy.check_release(noise_multiplier, "selection query")
-    if problem:
-        return None, f"client {state.client_id} refuses: {problem}"
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, SELECTION_STEP)
     event = PrivacyEvent(noise_multiplier=noise_multiplier, sample_rate=1.0, void=void)
-    over = policy.over_budget(state.ledger, event, cfg)
-    if over:
-        return None, f"client {state.client_id} refuses: the selection query {over}"
+    problem = policy.release_refusal(state.ledger, event, cfg, "the selection query")
+    if problem:
+        return None, f"client {state.client_id} refuses: {problem}"
     model = DomainClassifier(num_classes)
     model.load_state_dict(classifier_state)
     model.eval()

@@ -26,6 +26,17 @@ def _no_node_policy_left_behind(monkeypatch):
 
 
 @pytest.fixture
+def trust_server(monkeypatch):
+    """Every simulated node trusts the server to noise its updates (Fed-Avg GAN), as the shipped
+    policy file ``simulations/configs/policies/trust-server.toml`` says."""
+    from common.privacy.policy import POLICY_ENV
+    from tests.helpers import TRUST_SERVER_POLICY
+
+    monkeypatch.setenv(POLICY_ENV, str(TRUST_SERVER_POLICY))
+    return TRUST_SERVER_POLICY
+
+
+@pytest.fixture
 def allow_nonprivate(tmp_path, monkeypatch):
     """Every simulated node (Flower simulation or in-process) pins a policy that allows the testing
     options (a fixed noise seed): the same file ``fedgan simulate --node-policy`` would name."""

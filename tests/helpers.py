@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # its own policy allows non-private options: tests that need exact reproducibility pin such a policy
 # on their (simulated) nodes, the way a user debugging on public data would.
 ALLOW_NONPRIVATE = {"privacy-allow-nonprivate": True}
+# Fed-Avg GAN's clients send raw deltas for the server to noise: a node takes part only when its
+# policy trusts the server (the shipped policy file ``fedgan simulate --node-policy`` names).
+TRUST_SERVER_POLICY = ROOT / "simulations" / "configs" / "policies" / "trust-server.toml"
 
 TINY = dict(
     num_clients=3,

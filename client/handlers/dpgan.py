@@ -29,8 +29,10 @@ def handle(message: Message, context: Context) -> Message:
         sample_rate=curator.sample_rate,
     )
     planned = curator.round_dp_steps(node.cfg)
-    over = node.policy.over_budget(curator.ledger, curator.step_event(planned), node.cfg)
-    refusal = node.refusal() or (f"{planned} more DP-SGD steps {over}" if over else "")
+    event = curator.step_event(planned)
+    refusal = node.refusal() or node.policy.release_refusal(
+        curator.ledger, event, node.cfg, f"{planned} more DP-SGD steps"
+    )
     if refusal:
         reply.refused, reply.reason = True, f"the DPGAN node refuses: {refusal}"
         return wire.reply(reply, message)

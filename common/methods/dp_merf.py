@@ -247,11 +247,9 @@ def release(state: ClientState, cfg: ExperimentConfig, request: MerfRequest, pol
     """This client's one release, or a refusal when its budget would be exceeded (a second request
     is refused the same way: the budget is the target ε of a single release)."""
     event = planned_event(cfg)
-    over = policy.over_budget(state.ledger, event, cfg)
-    if over:
-        return MerfRelease(
-            step=request.step, refused=True, reason=f"client {state.client_id} refuses: one more release {over}"
-        )
+    refusal = policy.release_refusal(state.ledger, event, cfg, "one more release")
+    if refusal:
+        return MerfRelease(step=request.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
     device = resolve_device(cfg.device)
     summary = embed(
         FeatureMap(cfg, device), state.data.images.to(device), state.data.labels.to(device), num_classes_for(cfg)

@@ -160,8 +160,9 @@ def generator_updates(cfg: ExperimentConfig, steps: int) -> int:
 
 # --- privacy ------------------------------------------------------------------------------------
 def release_noise(cfg: ExperimentConfig) -> float:
-    """σ of the releases a client makes (what a node's minimum noise is checked against)."""
-    return cfg.noise_multiplier
+    """The noise multiplier of each answer as the mechanism runs, σ/√B (what a node's minimum noise
+    is checked against: the server picks B, so σ alone would not bound it)."""
+    return query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
 
 
 def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
@@ -399,9 +400,9 @@ def begin_answer(
         return _refusal(
             state, cfg, query.step, f"the query asks for B = {B} samples, the run's batch size is {cfg.batch_size}"
         )
-    over = policy.over_budget(state.ledger, planned_event(cfg, B), cfg)
-    if over:
-        return _refusal(state, cfg, query.step, f"one more answer {over}")
+    refusal = policy.release_refusal(state.ledger, planned_event(cfg, B), cfg, "one more answer")
+    if refusal:
+        return _refusal(state, cfg, query.step, refusal)
     query = query.decoded(n_critic=cfg.n_critic, num_classes=num_classes_for(cfg), critic_fakes=cfg.critic_fakes)
     first_contact(state, cfg)
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.

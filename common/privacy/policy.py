@@ -4,11 +4,14 @@ The server sends the run's configuration in its hello, so without a policy it wo
 much noise a client adds, its budget, δ, and whether a fixed noise seed or un-noised statistics
 are used. A node pins these itself, in its node config or a policy file on its own disk:
 
-    min-noise-multiplier = 1.0   # refuse any release with less noise (σ of the mechanism it runs)
+    min-noise-multiplier = 1.0   # refuse any release whose own noise multiplier is smaller: the
+                                 # mechanism as it runs (GS-WGAN: σ/√B, the server picks B)
     max-epsilon = 50.0           # its own budget at its own δ (0: none); a larger ask is refused
     delta = 1e-5                 # the δ of that budget; a server asking for a larger δ is refused
     allow-nonprivate = false     # fixed noise seeds, un-noised statistics, σ = 0, reproducible
                                  # DP-SGD batches: debugging only, and then ε is unbounded
+    trust-server = false         # send updates the server noises (Fed-Avg GAN's raw deltas: ε
+                                 # unbounded against the server, user-level DP only if it is honest)
 
 Sources, exactly one: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``), or a
 TOML file named by node-config ``privacy-policy``, or one named by the environment variable
@@ -45,6 +48,7 @@ class NodePolicy:
     max_epsilon: float = 0.0  # 0: no budget of the node's own
     delta: float = DEFAULT_DELTA
     allow_nonprivate: bool = False
+    trust_server: bool = False
     source: str = "default policy"
 
     def __post_init__(self) -> None:
@@ -57,6 +61,7 @@ class NodePolicy:
         _require(self.max_epsilon >= 0 and not math.isnan(self.max_epsilon), self, "max-epsilon", "must be >= 0")
         _require(0 < self.delta < 1, self, "delta", "must be in (0, 1)")
         _require(isinstance(self.allow_nonprivate, bool), self, "allow-nonprivate", "must be true or false")
+        _require(isinstance(self.trust_server, bool), self, "trust-server", "must be true or false")
 
     # --- what the node enforces ---------------------------------------------------------------
     def budgets(self, cfg: Any) -> list[tuple[float, float]]:
@@ -79,8 +84,15 @@ class NodePolicy:
         """Why this node refuses a run configured as ``cfg`` (empty: it takes part)."""
         out = []
         noise = release_noise(cfg)
-        if noise is not None and noise < self.min_noise_multiplier:
-            out.append(f"noise multiplier {noise:g} is below the node's minimum {self.min_noise_multiplier:g}")
+        if noise < self.min_noise_multiplier:
+            out.append(
+                f"noise multiplier {noise:g} of each release is below the node's minimum {self.min_noise_multiplier:g}"
+            )
+        if _method(cfg).UNBOUNDED_AGAINST_SERVER and not self.trust_server:
+            out.append(
+                f"{cfg.strategy} sends raw discriminator updates for the server to noise (epsilon unbounded against "
+                "it): the node allows that only with trust-server = true"
+            )
         if self.max_epsilon > 0 and cfg.client_epsilon_budget > self.max_epsilon:
             out.append(f"epsilon budget {cfg.client_epsilon_budget:g} exceeds the node's maximum {self.max_epsilon:g}")
         if self.max_epsilon > 0 and _method(cfg).UNBOUNDED_AGAINST_SERVER:
@@ -95,6 +107,16 @@ class NodePolicy:
                 f"{option} is not allowed by the node (allow-nonprivate = false)" for option in nonprivate_options(cfg)
             ]
         return out
+
+    def release_refusal(self, ledger: Any, event: Any, cfg: Any, what: str) -> str:
+        """Why the node refuses the release ``event`` ("" when it may go ahead): its own noise
+        multiplier against the node's minimum (and no noise at all), then the budgets. ``what`` is
+        the release as the subject of the sentence ("one more answer")."""
+        problem = self.check_release(event.noise_multiplier, what)
+        if problem:
+            return problem
+        over = self.over_budget(ledger, event, cfg)
+        return f"{what} {over}" if over else ""
 
     def check_release(self, noise_multiplier: float, what: str) -> str | None:
         """Why the node refuses one release with this noise (None: it may go ahead)."""
@@ -112,9 +134,9 @@ def _method(cfg: Any) -> Any:
     return core(cfg.strategy)
 
 
-def release_noise(cfg: Any) -> float | None:
-    """The noise multiplier of the releases a node makes in this run, as its method says (None: the
-    node adds none, e.g. fedavg-gan, whose noise is the server's)."""
+def release_noise(cfg: Any) -> float:
+    """The noise multiplier of each release a node makes in this run, as the mechanism runs (its
+    method says: GS-WGAN σ/√B; 0 for fedavg-gan, whose clients add none)."""
     return _method(cfg).release_noise(cfg)
 
 

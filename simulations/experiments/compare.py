@@ -88,19 +88,24 @@ def _one_line(entry: dict[str, Any]) -> str:
     )
 
 
-def _eps_cells(summary: dict[str, Any]) -> tuple[str, str]:
+def _eps_cells(summary: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(ε, its unit, amplified ε, its unit): each method's figures in their own privacy unit (DPGAN's
+    headline is per example, the others' per client), never under one shared label."""
     head = summary.get("epsilon_max")
-    amp = (summary.get("epsilon_amplified") or {}).get("epsilon")
+    amplified = summary.get("epsilon_amplified") or {}
+    amp = amplified.get("epsilon")
     headline = "unbounded" if head is None else f"{head:.4g}"
     secondary = "n/a" if amp is None else f"{amp:.4g}"
-    return headline, secondary
+    return headline, summary.get("epsilon_kind", ""), secondary, amplified.get("kind", "") if amp is not None else ""
 
 
 def format_comparison(result: dict[str, Any]) -> str:
     header = (
         "strategy",
-        "ε per client (max)",
+        "ε (max)",
+        "ε unit",
         "ε amplified",
+        "amplified unit",
         "bytes/G-step down",
         "bytes/G-step up",
         "bytes total",
@@ -111,17 +116,19 @@ def format_comparison(result: dict[str, Any]) -> str:
     rows = [header]
     for e in result["strategies"]:
         if "summary" not in e:
-            rows.append((e["strategy"], "failed: " + e["error"][:60], "", "", "", "", "", "", ""))
+            rows.append((e["strategy"], "failed: " + e["error"][:60], *[""] * (len(header) - 2)))
             continue
         s, ev = e["summary"], e.get("eval", {})
-        head, amp = _eps_cells(s)
+        head, unit, amp, amp_unit = _eps_cells(s)
         fid = (ev.get("fid") or {}).get("value")
         g2r = (ev.get("gen2real_acc") or {}).get("cnn")
         rows.append(
             (
                 e["strategy"],
                 head,
+                unit,
                 amp,
+                amp_unit,
                 f"{e['bytes_per_generator_step']['down']:,.0f}",
                 f"{e['bytes_per_generator_step']['up']:,.0f}",
                 f"{s['comm']['bytes_down_total'] + s['comm']['bytes_up_total']:,}",

@@ -20,7 +20,7 @@ from dp_accounting.rdp import RdpAccountant
 
 from common.privacy.analysis import ORDERS
 from simulations.cli import main
-from tests.helpers import tiny_flags
+from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 
 NR = dpa.NeighboringRelation
 RUNS = {
@@ -116,7 +116,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     out = {}
     for name, changes in RUNS.items():
         path = tmp_path_factory.mktemp(name) / "run"
-        assert main(["simulate", *tiny_flags(**changes, out=path)]) == 0
+        assert main(["simulate", *tiny_flags(**changes, out=path), "--node-policy", str(TRUST_SERVER_POLICY)]) == 0
         out[name] = json.loads((path / "privacy.json").read_text())
     return out
 

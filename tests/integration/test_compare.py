@@ -3,17 +3,22 @@
 import json
 
 from simulations.cli import main
-from tests.helpers import tiny_flags
+from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 
 METHODS = ("gswgan", "dpgan", "fedavg-gan", "dp-merf")
 
 
 def test_compare_runs_every_method_and_writes_the_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = main(["compare", *tiny_flags(num_clients=4, steps=2, out=out)])
+    code = main(["compare", *tiny_flags(num_clients=4, steps=2, out=out), "--node-policy", str(TRUST_SERVER_POLICY)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "fedavg-gan" in printed
+    # Audit: DPGAN's example-level ε was printed under "ε per client (max)": each row names its unit.
+    (dpgan_row,) = [line for line in printed.splitlines() if line.startswith("dpgan ")]
+    (gswgan_row,) = [line for line in printed.splitlines() if line.startswith("gswgan ")]
+    assert "per example, trusted curator" in dpgan_row and "per client, untrusted server" in gswgan_row
+    assert "ε per client" not in printed.split("ε rules")[0]
     for i, name in enumerate(METHODS, 1):  # a line each, progress bars or not
         assert f"[{i}/{len(METHODS)}] {name}: completed, 2 steps" in printed
     result = json.loads((out / "comparison.json").read_text())
@@ -29,7 +34,8 @@ def test_compare_runs_every_method_and_writes_the_comparison(tmp_path, capsys):
 
 def test_compare_calibrates_every_strategy_to_one_target(tmp_path):
     out = tmp_path / "cmp"
-    code = main(["compare", *tiny_flags(num_clients=4, steps=4, target_epsilon=20, out=out)])
+    flags = tiny_flags(num_clients=4, steps=4, target_epsilon=20, out=out)
+    code = main(["compare", *flags, "--node-policy", str(TRUST_SERVER_POLICY)])
     assert code == 0
     by_name = {e["strategy"]: e["summary"] for e in json.loads((out / "comparison.json").read_text())["strategies"]}
     assert 0 < by_name["gswgan"]["epsilon_max"] <= 20

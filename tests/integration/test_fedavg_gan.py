@@ -10,7 +10,7 @@ from tests.helpers import tiny_cfg
 
 
 @pytest.mark.parametrize("runner", [_run_inprocess, _run_flower])
-def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner):
+def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner, trust_server):
     cfg = tiny_cfg(
         tmp_path / "run",
         strategy="fedavg-gan",

@@ -22,6 +22,7 @@ from common.dpac import (
 )
 from common.losses import generator_sample_grads
 from common.methods.gswgan import answer_query, first_contact
+from common.privacy import NodePolicy
 from tests.helpers import gs_query
 
 
@@ -120,7 +121,7 @@ def test_a_dpac_answer_is_one_release_with_gs_wgans_event(cfg):
     for beta in (1.0, 0.5):
         c = cfg.replace(dpac_beta=beta, dpac_init=3, noise_multiplier=0.0)
         state = client_state.new_state(c, 1)
-        answers[beta] = answer_query(state, c, gs_query(c))
+        answers[beta] = answer_query(state, c, gs_query(c), NodePolicy(allow_nonprivate=True))  # σ = 0
         assert state.ledger.queries == 1
         events[beta] = state.ledger.history[-1]
         assert (state.classifier is not None) == (beta < 1)

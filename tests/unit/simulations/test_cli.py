@@ -103,7 +103,7 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
 
     monkeypatch.setenv(POLICY_ENV, "")  # restored after the test: main() points it at the policy file
     policy = tmp_path / "policy.toml"
-    policy.write_text("min-noise-multiplier = 2.0\n")
+    policy.write_text("min-noise-multiplier = 0.5\n")  # each answer's own multiplier σ/√B: 1.07/√8 = 0.378
     args = [
         "simulate",
         *tiny_flags(num_clients=2, steps=1, synthetic_samples_per_writer=24),
@@ -112,7 +112,9 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
     ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert "2 of 2 nodes refuse" in err and "noise multiplier 1.07 is below the node's minimum 2" in err
+    assert (
+        "2 of 2 nodes refuse" in err and "noise multiplier 0.378 of each release is below the node's minimum 0.5" in err
+    )
     assert main([*args, "--noise-multiplier", "2.5", "--out", str(tmp_path / "b")]) == 0
     policy.write_text("min-noise-multiplier = 'lots'\n")
     assert main([*args, "--out", str(tmp_path / "c")]) == 2

@@ -16,7 +16,7 @@ from PIL import Image
 
 from common.evaluation import grids, plots
 from common.evaluation.report import format_eval_table, write_report
-from tests.helpers import tiny_flags
+from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 
 DELTA = 1e-5
 
@@ -417,7 +417,8 @@ def test_report_labels_each_strategys_guarantee_and_mechanism(
     from simulations.cli import main
 
     run = tmp_path / "run"
-    assert main(["simulate", *tiny_flags(strategy=strategy, steps=2, dpgan_n_d=1, n_critic=None, out=run)]) == 0
+    args = ["simulate", *tiny_flags(strategy=strategy, steps=2, dpgan_n_d=1, n_critic=None, out=run)]
+    assert main([*args, "--node-policy", str(TRUST_SERVER_POLICY)]) == 0
     page = write_report(run, {}, {}).read_text()
     for text in says:
         assert text in page, text

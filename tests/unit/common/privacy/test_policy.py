@@ -33,14 +33,18 @@ def test_defaults_forbid_every_non_private_option() -> None:
 
 def test_a_server_asking_for_less_noise_a_larger_budget_or_delta_is_refused() -> None:
     policy = NodePolicy(min_noise_multiplier=1.0, max_epsilon=50.0, delta=1e-6)
-    reasons = policy.violations(ExperimentConfig(noise_multiplier=0.8, client_epsilon_budget=80.0, delta=1e-5))
+    asks = dict(noise_multiplier=0.8, batch_size=1, client_epsilon_budget=80.0, delta=1e-5)  # B = 1: σ/√B = σ
+    reasons = policy.violations(ExperimentConfig(**asks))
     assert len(reasons) == 3
-    assert "0.8 is below the node's minimum 1" in reasons[0] and "80 exceeds the node's maximum 50" in reasons[1]
+    assert "0.8 of each release is below the node's minimum 1" in reasons[0]
+    assert "80 exceeds the node's maximum 50" in reasons[1]
     assert "delta 1e-05 is larger than the node's delta 1e-06" in reasons[2]
-    assert policy.violations(ExperimentConfig(noise_multiplier=1.2, client_epsilon_budget=10.0, delta=1e-7)) == []
-    assert "raw discriminator updates" in policy.violations(ExperimentConfig(strategy="fedavg-gan", delta=1e-6))[0]
+    fine = ExperimentConfig(noise_multiplier=1.2, batch_size=1, client_epsilon_budget=10.0, delta=1e-7)
+    assert policy.violations(fine) == []
+    fedavg = policy.violations(ExperimentConfig(strategy="fedavg-gan", delta=1e-6))
+    assert any("raw discriminator updates" in r for r in fedavg)
     dpgan = ExperimentConfig(strategy="dpgan", dpgan_noise_multiplier=0.5, delta=1e-6)
-    assert "0.5 is below" in policy.violations(dpgan)[0]
+    assert "0.5 of each release is below" in policy.violations(dpgan)[0]
 
 
 def test_both_budgets_are_enforced_each_at_its_own_delta() -> None:
@@ -113,3 +117,21 @@ def test_two_sources_or_a_key_outside_the_table_refuse_everything_naming_both(tm
     other.write_text("max-epsilon = 5.0\n")
     with pytest.raises(PolicyError, match="two policy files"):
         load_policy({"privacy-policy": str(file)}, {POLICY_ENV: str(other)})
+
+
+def test_the_minimum_noise_bounds_each_releases_own_multiplier() -> None:
+    """Audit: GS-WGAN compared min-noise-multiplier with σ while each answer's multiplier is σ/√B and
+    the server picks B (σ 1, B 100: multiplier 0.1, ε 96 for one answer, accepted under a minimum of
+    1.0); Fed-Avg was exempt from the noise and the non-private checks (raw deltas went out)."""
+    policy = NodePolicy(min_noise_multiplier=1.0)
+    (reason,) = policy.violations(ExperimentConfig(noise_multiplier=1.0, batch_size=100))
+    assert "noise multiplier 0.1 of each release is below the node's minimum 1" in reason
+    assert policy.violations(ExperimentConfig(noise_multiplier=10.0, batch_size=100)) == []
+    # the release itself is checked too, whatever the hello said
+    ledger, query = PrivacyLedger(), PrivacyEvent(noise_multiplier=0.1)
+    assert "below the node's minimum 1" in policy.release_refusal(ledger, query, ExperimentConfig(), "one more answer")
+    # Fed-Avg's clients add no noise (0): below any minimum, and sent only to a server the node trusts
+    fedavg = ExperimentConfig(strategy="fedavg-gan")
+    assert any("below the node's minimum" in r for r in policy.violations(fedavg))
+    assert any("trust-server = true" in r for r in NodePolicy().violations(fedavg))
+    assert NodePolicy(trust_server=True).violations(fedavg) == []
