@@ -112,9 +112,7 @@ def test_node_policy_flag_reaches_the_simulated_nodes(tmp_path, capsys, monkeypa
     ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert (
-        "2 of 2 nodes refuse" in err and "noise multiplier 0.378 of each release is below the node's minimum 0.5" in err
-    )
+    assert "2 of 2 nodes refuse" in err and "minimum 0.5" in err
     assert main([*args, "--noise-multiplier", "2.5", "--out", str(tmp_path / "b")]) == 0
     policy.write_text("min-noise-multiplier = 'lots'\n")
     assert main([*args, "--out", str(tmp_path / "c")]) == 2
