@@ -179,6 +179,41 @@ def test_fedavg_clips_and_divides_by_the_fixed_number_sampled(tmp_path):
     assert (event.sampling, event.sample_rate, event.noise_multiplier) == ("poisson", 2 / 3, 0.0)
 
 
+def _wrong_shape(delta):
+    name = next(iter(delta))
+    return {**delta, name: delta[name].flatten()[:-1]}
+
+
+def _missing_entry(delta):
+    return dict(list(delta.items())[1:])
+
+
+def _integer_entries(delta):
+    return {k: v.to(torch.int64) for k, v in delta.items()}
+
+
+@pytest.mark.parametrize(
+    ("forge", "cause"),
+    [(_wrong_shape, "has shape"), (_missing_entry, "missing ["), (_integer_entries, "dtype torch.int64")],
+)
+def test_fedavg_drops_a_delta_that_does_not_fit_d_marks_its_sender_and_keeps_the_round(tmp_path, forge, cause):
+    """Issue 23, item 14: one such delta once discarded the whole round (honest deltas too), never
+    marked its sender and named a list index; with m = K the run stalled with 0 steps."""
+    cfg, s = make("fedavg-gan", tmp_path, fedavg_noise_multiplier=0.0, fedavg_clip=0.1, noise_seed=0)
+    s.configure_step(0, [101, 102])
+    d0 = {k: v.clone() for k, v in s.discriminator.state_dict().items()}
+    big = {k: torch.full_like(v, 10.0) for k, v in d0.items() if v.is_floating_point()}
+    replies = [Incoming(101, wire.encode(FedAvgReply(step=0, delta=big)))]
+    replies.append(Incoming(102, wire.encode(FedAvgReply(step=0, delta=forge(big)))))
+    outcome = s.aggregate_step(0, replies)
+    assert outcome.took_step and outcome.failed_nodes == [102]
+    (note,) = outcome.notes
+    assert "node 102 (client 1) sent a malformed delta" in note and cause in note, note
+    moved = torch.cat([(s.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
+    assert moved.norm().item() == pytest.approx(0.1 / 2, rel=1e-4)  # the honest delta alone, over m = 2
+    assert len(s.server_ledger.history) == 1  # the round released a noised D: it is accounted
+
+
 def test_fedavg_samples_each_client_independently(tmp_path):
     """DP-FedAvg's Poisson sampling, as its accounting assumes: any number of clients per round."""
     _, s = make("fedavg-gan", tmp_path, num_clients=40, fedavg_clients_per_round=4)
