@@ -249,3 +249,47 @@ def test_dpgan_takes_the_curators_generator_and_ledger(tmp_path):
     assert report["clients"][0]["epsilon"] == pytest.approx(ledger.epsilon(delta=cfg.delta))
     assert report["summary_extra"]["discriminator_steps"] == 5
     assert s.select_nodes([102, 101, 103]) == [101]  # only the curator (client 0) is ever asked
+
+
+def _g_wrong_shape(state):
+    name = next(iter(state))
+    return {**state, name: state[name].flatten()[:-1]}
+
+
+def _g_missing_tensor(state):
+    return dict(list(state.items())[1:])
+
+
+def _g_all_nan(state):
+    return {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize(
+    ("forge", "cause"),
+    [(_g_wrong_shape, "of shape"), (_g_missing_tensor, "missing ["), (_g_all_nan, "NaN or infinite")],
+)
+def test_dpgan_refuses_a_generator_that_cannot_be_g_and_keeps_its_own(tmp_path, forge, cause):
+    """Issue 23, item 15: a wrong-shape or missing tensor in the curator's G crashed the run (load_state_dict);
+    an all-NaN G was taken, and its EMA released as completed."""
+    cfg, s = make("dpgan", tmp_path)
+    s.configure_step(0, [101])
+    before = {k: v.clone() for k, v in s.released_generator().state_dict().items()}
+    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5)])
+    reply = DpganReply(
+        step=0,
+        refused=False,
+        reason="",
+        noise_multiplier=1.0,
+        sample_rate=0.1,
+        n_d=5,
+        discriminator_steps=5,
+        ledger=json.dumps(ledger.state_dict()),
+        generator=forge(build_generator("tiny").state_dict()),
+    )
+    outcome = s.aggregate_step(0, [Incoming(101, wire.encode(reply))])
+    assert not outcome.took_step and outcome.failed_nodes == [101]
+    (note,) = outcome.notes
+    assert "malformed reply" in note and cause in note, note
+    for k, v in s.released_generator().state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert s.records.ledger_of(0).queries == cfg.dpgan_n_d  # the round sent stays charged
