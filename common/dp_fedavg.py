@@ -156,17 +156,33 @@ class AggregationInfo:
         }
 
 
+def delta_mismatch(delta: Delta, shapes: dict[str, tuple[int, ...]]) -> str:
+    """Why ``delta`` cannot be a delta of D (""): other entries than ``shapes`` names, an entry of
+    another shape, or one that is not floating point. No honest client sends such a delta whatever
+    its data, so saying so releases nothing about the data (unlike a non-finite one, see
+    ``_check_deltas``), and the sender can be dropped from the round by name."""
+    if delta.keys() != shapes.keys():
+        missing, extra = sorted(set(shapes) - set(delta)), sorted(set(delta) - set(shapes))
+        return f"its entries differ from the discriminator's (missing {missing[:3]}, unexpected {extra[:3]})"
+    for name, t in delta.items():
+        if tuple(t.shape) != tuple(shapes[name]):
+            return f"{name} has shape {tuple(t.shape)}, expected {tuple(shapes[name])}"
+        if not t.is_floating_point():
+            return f"{name} has dtype {t.dtype}, expected a floating-point dtype"
+    return ""
+
+
 def _check_deltas(deltas: list[Delta], template: Delta) -> list[Delta]:
-    """Same keys and shapes as ``template`` everywhere (a malformed reply is an error naming the
-    client index); a delta holding NaN or inf is replaced by zeros, silently: whether a client's
-    local steps diverged is data-dependent, and saying so would be an unaccounted release."""
+    """Same keys and shapes as ``template`` everywhere (``delta_mismatch``: a caller drops such a
+    delta by its sender first; here it is an error naming its place in ``deltas``); a delta holding
+    NaN or inf is replaced by zeros, silently: whether a client's local steps diverged is
+    data-dependent, and saying so would be an unaccounted release."""
+    shapes = {name: tuple(t.shape) for name, t in template.items()}
     out = []
     for i, delta in enumerate(deltas):
-        if delta.keys() != template.keys():
-            raise ValueError(f"client {i}: delta keys differ from the discriminator's")
-        for name, t in delta.items():
-            if t.shape != template[name].shape:
-                raise ValueError(f"client {i}: {name} has shape {tuple(t.shape)}")
+        problem = delta_mismatch(delta, shapes)
+        if problem:
+            raise ValueError(f"delta {i} of {len(deltas)}: {problem}")
         finite = all(bool(torch.isfinite(t).all()) for t in delta.values())
         out.append(delta if finite else {k: torch.zeros_like(v) for k, v in delta.items()})
     return out

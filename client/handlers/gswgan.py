@@ -62,15 +62,14 @@ def _answer(
     work: list[tuple[int, Node, ClientState, GsQuery]], messages: list[Message]
 ) -> list[tuple[int, Message | Exception]]:
     """(index, reply or error) of the nodes that answer: stacked when their configurations agree
-    and allow it (a failure of the stacked phase fails each of its nodes with its cause), else one
-    by one; then each node persists its own state."""
+    and allow it, else one by one; then each node persists its own state. A node whose own state or
+    data breaks its answer fails alone (``answer_queries`` answers the others one by one then); only
+    an error outside any one client fails every node of the stacked phase, with its cause."""
     cfgs = [node.cfg for _, node, _, _ in work]
     answers: list[GsAnswer | Exception]
     if len(work) >= 2 and cfgs[0].stack_clients and all(c == cfgs[0] for c in cfgs):
         try:
-            answers = list(
-                answer_queries([w[2] for w in work], cfgs[0], [w[3] for w in work], [w[1].policy for w in work])
-            )
+            answers = answer_queries([w[2] for w in work], cfgs[0], [w[3] for w in work], [w[1].policy for w in work])
         except Exception as err:  # noqa: BLE001 - every node of the stacked phase fails with its cause
             answers = [err] * len(work)
     else:

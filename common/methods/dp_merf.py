@@ -140,6 +140,10 @@ class MerfRelease:
             raise PayloadError("the release carries no 'embedding' array")
         if tuple(self.embedding.shape) != tuple(shape):
             raise PayloadError(f"embedding has shape {tuple(self.embedding.shape)}, expected {tuple(shape)}")
+        # The declared dtype, nothing else: an integer or bool array of the right shape would reach the
+        # server's norm check and crash the run there (torch has no norm of an integer tensor).
+        if self.embedding.dtype != np.float32:
+            raise PayloadError(f"embedding has dtype {self.embedding.dtype}, expected float32")
         if not np.all(np.isfinite(self.embedding)):
             raise PayloadError("embedding contains NaN or infinite values")
         if not self.noise_multiplier >= 0:

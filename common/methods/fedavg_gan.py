@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from common.calibration import subsampled_noise
 from common.codec import PayloadError
-from common.dp_fedavg import Delta, flatten_delta
+from common.dp_fedavg import Delta, delta_mismatch, flatten_delta
 from common.losses import critic_step
 from common.messages import StateDict
 from common.methods import core
@@ -88,9 +88,14 @@ class FedAvgReply:
     step: int
     delta: StateDict  # the raw delta of D's floating-point state after the local steps
 
-    def decoded(self, *, step: int) -> FedAvgReply:
+    def decoded(self, *, step: int, shapes: dict[str, tuple[int, ...]] | None = None) -> FedAvgReply:
+        """The reply checked against the round it answers and, given ``shapes`` (D's floating-point
+        entries), against D: a delta that does not fit is this sender's malformed reply."""
         if self.step != step:
             raise PayloadError(f"the delta is for round {self.step}, expected round {step}")
+        problem = delta_mismatch(self.delta, shapes) if shapes is not None else ""
+        if problem:
+            raise PayloadError(f"the delta does not fit the discriminator: {problem}")
         return self
 
 

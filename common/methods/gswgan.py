@@ -372,6 +372,29 @@ def first_contact(state: ClientState, cfg: ExperimentConfig) -> None:
         state.classifier_ready = True
 
 
+class ClientDataError(ValueError):
+    """A client's own partition cannot serve a query: that client fails, the others of its step go on."""
+
+
+class StackedPhaseError(RuntimeError):
+    """The stacked critic phase failed before any client's state changed (its data RNG is restored),
+    so each client can still be answered alone."""
+
+
+def partition_problem(state: ClientState, batch_size: int, num_classes: int) -> str:
+    """Why this client's partition cannot serve a query (""): fewer than B images (a real batch is B
+    distinct ones), or a label outside [0, num_classes) (D has no row for it; on a GPU the index
+    error would poison the whole process). Checked before anything runs, so the message names the
+    cause rather than a tensor shape deep in a stacked step."""
+    labels = state.data.labels
+    if len(labels) < batch_size:
+        return f"its partition holds {len(labels)} images, fewer than batch_size={batch_size}"
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        return f"its partition has labels in [{low}, {high}], outside [0, {num_classes})"
+    return ""
+
+
 @dataclass
 class PendingAnswer:
     """A query this client will answer, once its critic phase has run: the decoded query on the
@@ -404,6 +427,9 @@ def begin_answer(
     if refusal:
         return _refusal(state, cfg, query.step, refusal)
     query = query.decoded(n_critic=cfg.n_critic, num_classes=num_classes_for(cfg), critic_fakes=cfg.critic_fakes)
+    problem = partition_problem(state, B, num_classes_for(cfg))
+    if problem:
+        raise ClientDataError(f"client {state.client_id} cannot answer: {problem}")
     first_contact(state, cfg)
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.
     device = device_of(state.discriminator)
@@ -452,18 +478,36 @@ def answer_query(
 
 def answer_queries(
     states: list[ClientState], cfg: ExperimentConfig, queries: list[GsQuery], policies: list[NodePolicy]
-) -> list[GsAnswer]:
+) -> list[GsAnswer | Exception]:
     """The queries of one step to m clients (each its own state, query and policy), answered as
     ``answer_query`` answers each: with ``stack_clients``, the critic phases of the clients that can
     be stacked run as one network (``common/critic_stack.py``; the same results up to float
     rounding), else one by one.
-    Each release is still sanitized with its client's own noise and charged to its own ledger."""
-    begun = [begin_answer(s, cfg, q, p) for s, q, p in zip(states, queries, policies, strict=True)]
+    Each release is still sanitized with its client's own noise and charged to its own ledger.
+
+    A client whose own state or data breaks its answer fails alone: its error takes its place in
+    the list. When it breaks the stacked phase itself, that phase leaves every client as it was and
+    the step's clients are answered one by one, so the others are answered as they would be alone."""
+    begun = [_or_error(begin_answer, s, cfg, q, p) for s, q, p in zip(states, queries, policies, strict=True)]
     pending = [b for b in begun if isinstance(b, PendingAnswer)]
-    if not cfg.stack_clients or not critic_stack.stackable([p.state for p in pending]):
-        return [b if isinstance(b, GsAnswer) else answer_pending(b, cfg) for b in begun]
-    done = dict(zip(map(id, pending), stacked_critic_phase(pending, cfg), strict=True))
-    return [b if isinstance(b, GsAnswer) else done[id(b)] for b in begun]
+    done: dict[int, GsAnswer | Exception] = {}
+    if cfg.stack_clients and critic_stack.stackable([p.state for p in pending]):
+        try:
+            done = dict(zip(map(id, pending), stacked_critic_phase(pending, cfg), strict=True))
+        except StackedPhaseError:
+            done = {}  # one by one below: the broken client fails there, alone
+    for p in pending:
+        if id(p) not in done:
+            done[id(p)] = _or_error(answer_pending, p, cfg)
+    return [done[id(b)] if isinstance(b, PendingAnswer) else b for b in begun]
+
+
+def _or_error(fn: Callable[..., GsAnswer | PendingAnswer], *args: object) -> GsAnswer | PendingAnswer | Exception:
+    """``fn(*args)``, or the error it raised: one client's failure, returned in its place."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - this client fails, the others of its step go on
+        return err
 
 
 def answer_pending(pending: PendingAnswer, cfg: ExperimentConfig) -> GsAnswer:
@@ -476,11 +520,39 @@ def answer_pending(pending: PendingAnswer, cfg: ExperimentConfig) -> GsAnswer:
 
 
 def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) -> list[GsAnswer]:
-    """``critic_steps`` and the queried batch's per-sample gradients of every pending client at once.
+    """``critic_steps`` and the queried batch's per-sample gradients of every pending client at once,
+    then each client's release. Raises ``StackedPhaseError``, every client as it was, when the
+    stacked steps fail."""
+    stack, grads, stats = _stacked_steps(pending, cfg)
+    stack.write_back()
+    return [
+        finish_answer(p, cfg, grads[k], {name: value[k] for name, value in stats.items()})
+        for k, p in enumerate(pending)
+    ]
+
+
+def _stacked_steps(
+    pending: list[PendingAnswer], cfg: ExperimentConfig
+) -> tuple[critic_stack.StackedCritics, torch.Tensor, dict[str, torch.Tensor]]:
+    """The stacked network after its critic steps, the per-sample gradients and the last statistics.
 
     Each client draws its real batches and its interpolation weights from its own data RNG in the
     order ``critic_steps`` draws them (a real batch, then the penalty's weights, per critic step), so
-    it consumes its stream as it would alone."""
+    it consumes its stream as it would alone. Until ``write_back`` only those RNGs change: on an
+    error they are restored, so no client is left half-stepped."""
+    states = [p.state for p in pending]
+    rngs = [s.data_rng.get_state() for s in states]
+    try:
+        return _run_stacked(pending, cfg)
+    except Exception as err:
+        for state, rng in zip(states, rngs, strict=True):
+            state.data_rng.set_state(rng)
+        raise StackedPhaseError(f"the stacked critic phase failed ({type(err).__name__}: {err})") from err
+
+
+def _run_stacked(
+    pending: list[PendingAnswer], cfg: ExperimentConfig
+) -> tuple[critic_stack.StackedCritics, torch.Tensor, dict[str, torch.Tensor]]:
     states = [p.state for p in pending]
     stack = critic_stack.StackedCritics(states)
     B = pending[0].batch_size
@@ -504,11 +576,7 @@ def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) ->
     grads = stack.sample_grads(
         torch.stack([p.fakes[-B:] for p in pending]), torch.stack([p.labels[-B:] for p in pending])
     )
-    stack.write_back()
-    return [
-        finish_answer(p, cfg, grads[k], {name: value[k] for name, value in stats.items()})
-        for k, p in enumerate(pending)
-    ]
+    return stack, grads, stats
 
 
 def _client_stats(critic: dict[str, torch.Tensor], grads: torch.Tensor, clip: float) -> dict[str, float]:

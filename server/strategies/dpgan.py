@@ -79,8 +79,8 @@ class DpganStrategy(Strategy):
                 outcome.notes.append(f"the DPGAN node failed: {reply.error}")
                 continue
             try:
-                answer = wire.decode(DpganReply, reply.content, step=step)
-            except PayloadError as err:
+                answer = wire.decode(DpganReply, reply.content, step=step, like=self.generator.state_dict())
+            except PayloadError as err:  # charged when sent; G, its EMA and the records stay as they were
                 outcome.failed_nodes.append(reply.node_id)
                 outcome.notes.append(f"the DPGAN node sent a malformed reply, ignored: {err}")
                 continue

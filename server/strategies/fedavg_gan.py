@@ -99,15 +99,10 @@ class FedAvgGanStrategy(Strategy):
         """Clip, sum, noise, divide by m, apply; then the generator steps. Every round releases a
         noised D, also one whose sampled clients all failed or that sampled nobody."""
         outcome = StepOutcome(took_step=False)
-        deltas = []
-        for reply in replies:
-            try:
-                deltas.append(wire.decode(FedAvgReply, reply.content, step=step).delta)
-            except PayloadError as err:
-                outcome.failed_nodes.append(reply.node_id)
-                outcome.notes.append(f"node {reply.node_id} failed: {reply.error or err}")
         state = self.discriminator.state_dict()
         template = flatten_delta(state, state)
+        shapes = {name: tuple(t.shape) for name, t in template.items()}
+        deltas = [d for d in (self._accept(step, r, shapes, outcome) for r in replies) if d is not None]
         try:
             update, info = aggregate_deltas(
                 deltas,
@@ -117,7 +112,7 @@ class FedAvgGanStrategy(Strategy):
                 num_sampled=self.cfg.fedavg_clients_per_round,
                 generator=self._noise(),
             )
-        except ValueError as err:  # a reply of the wrong shape: no release, nothing to account
+        except ValueError as err:  # cannot happen after _accept; if it does: no release, nothing to account
             outcome.notes.append(f"round {step} dropped: {err}")
             return outcome
         self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
@@ -138,6 +133,25 @@ class FedAvgGanStrategy(Strategy):
         outcome.metrics = {f"train/{k}": float(v) for k, v in stats.items()}
         outcome.metrics["train/clients_sampled"] = float(len(replies))
         return outcome
+
+    def _accept(
+        self, step: int, reply: Incoming, shapes: dict[str, tuple[int, ...]], outcome: StepOutcome
+    ) -> dict[str, torch.Tensor] | None:
+        """The reply's delta, or None with its sender marked failed: a lost reply, or one that does
+        not decode or does not fit D. Either contributes nothing to the round's sum, as a client
+        that was not sampled (the sum's sensitivity is S per client whatever the others sent), so
+        the honest deltas of the round are kept; the sender stays charged for what it was sent."""
+        if reply.content is None:
+            outcome.failed_nodes.append(reply.node_id)
+            outcome.notes.append(f"node {reply.node_id} failed: {reply.error}")
+            return None
+        try:
+            return wire.decode(FedAvgReply, reply.content, step=step, shapes=shapes).delta
+        except PayloadError as err:
+            cid = self.node_client.get(reply.node_id, -1)
+            outcome.failed_nodes.append(reply.node_id)
+            outcome.notes.append(f"node {reply.node_id} (client {cid}) sent a malformed delta, ignored: {err}")
+            return None
 
     def released_generator(self) -> nn.Module:
         return self.ema.module

@@ -68,6 +68,12 @@ def test_resume_keeps_the_target_and_asks_nobody_again(tmp_path):
         (lambda e: e * 1e6, "no honest client sends"),
         (lambda e: np.full_like(e, np.nan), "NaN"),
         (lambda e: e[:, :-1], "shape"),
+        # An integer or bool embedding of the right shape: once crashed the run (norm of an integer
+        # tensor), with no summary or privacy.json, and a resume asked the same client again.
+        (lambda e: e.astype(np.int64), "dtype int64"),
+        (lambda e: e.astype(np.int32), "dtype int32"),
+        (lambda e: (e * 100).astype(np.uint8), "dtype uint8"),
+        (lambda e: e > 0, "dtype bool"),
     ],
 )
 def test_a_hostile_release_is_ignored_and_still_charged(tmp_path, forge, why):
@@ -92,3 +98,4 @@ def test_a_hostile_release_is_ignored_and_still_charged(tmp_path, forge, why):
     assert any(why in note for note in summary["notes"]), summary["notes"]
     assert [c["queries"] for c in summary["clients"]] == [1, 1, 1]  # the forged one was released: charged
     assert len(summary["failed_clients"]) == 1
+    assert (run.path / "privacy.json").exists()

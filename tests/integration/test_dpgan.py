@@ -3,9 +3,15 @@
 import json
 
 import pytest
+import torch
 
+from client.app import app as client_app
+from common.methods.dpgan import MSG_ROUND, DpganReply
 from common.privacy import PrivacyEvent, PrivacyLedger
+from protos import wire
+from server.loop import run_experiment
 from server.reporting import RunDirectory
+from server.transport import InProcessTransport
 from simulations.experiments.simulate import _run_flower, _run_inprocess
 from tests.helpers import tiny_cfg
 
@@ -92,3 +98,39 @@ def test_dpac_generated_data_only_charges_the_init_alone(tmp_path):
     summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
     assert error is None, error
     assert summary["clients"][0]["queries"] == 3 * 2 + 2
+
+
+def _nan_generator(state):
+    return {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _wrong_shape_generator(state):
+    name = next(iter(state))
+    return {**state, name: torch.zeros(2, 2)}
+
+
+@pytest.mark.parametrize(("forge", "cause"), [(_nan_generator, "NaN"), (_wrong_shape_generator, "of shape (2, 2)")])
+def test_a_generator_that_cannot_be_g_stops_the_run_cleanly_and_is_never_released(tmp_path, forge, cause):
+    """Issue 23, item 15: the curator's second round carries a broken G. A wrong-shape one crashed the
+    run (no summary, no privacy.json); an all-NaN one was taken and its EMA released as completed. Now
+    the curator is failed with the cause, the run stops with its reports, and the released G is the
+    last good one; the round stays charged."""
+    cfg = dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, log_every=1, sample_every=100, checkpoint_every=100)
+
+    def app(message, context):
+        reply = client_app(message, context)
+        if message.metadata.message_type == MSG_ROUND and wire.decode(DpganReply, reply.content).step == 1:
+            answer = wire.decode(DpganReply, reply.content)
+            answer.generator = forge(answer.generator)
+            reply.content = wire.encode(answer)
+        return reply
+
+    run = RunDirectory.create(cfg)
+    summary = run_experiment(cfg, run, InProcessTransport(app, cfg.num_clients), transport_name="inprocess")
+    assert summary["status"].startswith("stopped") and summary["steps_completed"] == 1
+    (curator,) = summary["clients"]
+    assert curator["status"] == "failed" and cause in curator["failure"] + " ".join(summary["notes"])
+    assert curator["queries"] == 2 * 2  # both rounds ran on the curator: both are on the record
+    assert (run.path / "privacy.json").exists() and (run.path / "summary.json").exists()
+    released = run.load_checkpoint()["released_generator"]
+    assert all(bool(torch.isfinite(v).all()) for v in released.values() if v.is_floating_point())

@@ -3,6 +3,7 @@ have ended alone (weights, spectral norm's vectors, Adam's moments and step, the
 answers they release are the same, query by query."""
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from common.client_state import new_state
 from common.codec import decode_grads
 from common.critic_stack import StackedCritics, stackable
-from common.methods.gswgan import answer_queries, answer_query
+from common.methods.gswgan import ClientDataError, answer_queries, answer_query
 from common.privacy import NodePolicy
 from tests.helpers import gs_query, tiny_cfg
 
@@ -89,3 +90,43 @@ def test_stack_clients_off_answers_one_by_one(monkeypatch):
     cfg = tiny_cfg(num_clients=3, stack_clients=False)
     answers = answer_queries(states_of(cfg), cfg, [gs_query(cfg)] * 3, [NodePolicy()] * 3)
     assert [a.refused for a in answers] == [False, False, False]
+
+
+def _small_partition(state, cfg):
+    state.data.images, state.data.labels = state.data.images[:5], state.data.labels[:5]
+
+
+def _label_out_of_range(state, cfg):
+    state.data.labels = state.data.labels.clone()
+    state.data.labels[0] = 99
+
+
+def _wrong_image_size(state, cfg):  # no check names it: it breaks the stacked phase itself
+    state.data.images = state.data.images[:, :, :14, :14].contiguous()
+
+
+@pytest.mark.parametrize(
+    ("breaking", "cause"),
+    [
+        (_small_partition, r"client 1 cannot answer: its partition holds 5 images, fewer than batch_size=8"),
+        (_label_out_of_range, r"client 1 cannot answer: its partition has labels in \[0, 99\], outside \[0, 10\)"),
+        (_wrong_image_size, r"."),
+    ],
+)
+def test_a_broken_client_fails_alone_and_the_others_end_as_they_would_alone(breaking, cause):
+    """Issue 23, item 12: one client whose own data breaks its answer once failed every client of its
+    stacked step (with m = K the run stopped). Now its error takes its place; the others are answered,
+    and end (weights, Adam, data RNG, ledger) where they would have alone."""
+    cfg = tiny_cfg(num_clients=3, n_critic=2, noise_seed=7, wire_dtype="float32")
+    together, alone = states_of(cfg), states_of(cfg)
+    breaking(together[1], cfg)
+    policy, query = NodePolicy(allow_nonprivate=True), gs_query(cfg)
+    answers = answer_queries(together, cfg, [query] * 3, [policy] * 3)
+    assert isinstance(answers[1], Exception) and re.search(cause, str(answers[1])), answers[1]
+    assert isinstance(answers[1], ClientDataError) == (breaking is not _wrong_image_size)
+    assert together[1].ledger.queries == 0  # it released nothing
+    for k in (0, 2):
+        expected = answer_query(alone[k], cfg, query, policy)
+        ga, gb = (decode_grads(x.grad, x.grad_encoding, batch_size=cfg.batch_size) for x in (answers[k], expected))
+        np.testing.assert_allclose(ga, gb, atol=1e-5)
+        assert_same_client(together[k], alone[k])

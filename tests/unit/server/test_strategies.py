@@ -179,6 +179,41 @@ def test_fedavg_clips_and_divides_by_the_fixed_number_sampled(tmp_path):
     assert (event.sampling, event.sample_rate, event.noise_multiplier) == ("poisson", 2 / 3, 0.0)
 
 
+def _wrong_shape(delta):
+    name = next(iter(delta))
+    return {**delta, name: delta[name].flatten()[:-1]}
+
+
+def _missing_entry(delta):
+    return dict(list(delta.items())[1:])
+
+
+def _integer_entries(delta):
+    return {k: v.to(torch.int64) for k, v in delta.items()}
+
+
+@pytest.mark.parametrize(
+    ("forge", "cause"),
+    [(_wrong_shape, "has shape"), (_missing_entry, "missing ["), (_integer_entries, "dtype torch.int64")],
+)
+def test_fedavg_drops_a_delta_that_does_not_fit_d_marks_its_sender_and_keeps_the_round(tmp_path, forge, cause):
+    """Issue 23, item 14: one such delta once discarded the whole round (honest deltas too), never
+    marked its sender and named a list index; with m = K the run stalled with 0 steps."""
+    cfg, s = make("fedavg-gan", tmp_path, fedavg_noise_multiplier=0.0, fedavg_clip=0.1, noise_seed=0)
+    s.configure_step(0, [101, 102])
+    d0 = {k: v.clone() for k, v in s.discriminator.state_dict().items()}
+    big = {k: torch.full_like(v, 10.0) for k, v in d0.items() if v.is_floating_point()}
+    replies = [Incoming(101, wire.encode(FedAvgReply(step=0, delta=big)))]
+    replies.append(Incoming(102, wire.encode(FedAvgReply(step=0, delta=forge(big)))))
+    outcome = s.aggregate_step(0, replies)
+    assert outcome.took_step and outcome.failed_nodes == [102]
+    (note,) = outcome.notes
+    assert "node 102 (client 1) sent a malformed delta" in note and cause in note, note
+    moved = torch.cat([(s.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
+    assert moved.norm().item() == pytest.approx(0.1 / 2, rel=1e-4)  # the honest delta alone, over m = 2
+    assert len(s.server_ledger.history) == 1  # the round released a noised D: it is accounted
+
+
 def test_fedavg_samples_each_client_independently(tmp_path):
     """DP-FedAvg's Poisson sampling, as its accounting assumes: any number of clients per round."""
     _, s = make("fedavg-gan", tmp_path, num_clients=40, fedavg_clients_per_round=4)
@@ -251,3 +286,47 @@ def test_dpgan_a_curator_ledger_that_goes_backwards_never_lowers_the_reported_ep
     _, again = make("dpgan", tmp_path)
     again.load_state_dict(s.state_dict())
     assert again.privacy_report(final=True)["clients"][0]["epsilon"] == pytest.approx(reported)
+
+
+def _g_wrong_shape(state):
+    name = next(iter(state))
+    return {**state, name: state[name].flatten()[:-1]}
+
+
+def _g_missing_tensor(state):
+    return dict(list(state.items())[1:])
+
+
+def _g_all_nan(state):
+    return {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize(
+    ("forge", "cause"),
+    [(_g_wrong_shape, "of shape"), (_g_missing_tensor, "missing ["), (_g_all_nan, "NaN or infinite")],
+)
+def test_dpgan_refuses_a_generator_that_cannot_be_g_and_keeps_its_own(tmp_path, forge, cause):
+    """Issue 23, item 15: a wrong-shape or missing tensor in the curator's G crashed the run (load_state_dict);
+    an all-NaN G was taken, and its EMA released as completed."""
+    cfg, s = make("dpgan", tmp_path)
+    s.configure_step(0, [101])
+    before = {k: v.clone() for k, v in s.released_generator().state_dict().items()}
+    ledger = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=0.1, count=5)])
+    reply = DpganReply(
+        step=0,
+        refused=False,
+        reason="",
+        noise_multiplier=1.0,
+        sample_rate=0.1,
+        n_d=5,
+        discriminator_steps=5,
+        ledger=json.dumps(ledger.state_dict()),
+        generator=forge(build_generator("tiny").state_dict()),
+    )
+    outcome = s.aggregate_step(0, [Incoming(101, wire.encode(reply))])
+    assert not outcome.took_step and outcome.failed_nodes == [101]
+    (note,) = outcome.notes
+    assert "malformed reply" in note and cause in note, note
+    for k, v in s.released_generator().state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert s.records.ledger_of(0).queries == cfg.dpgan_n_d  # the round sent stays charged

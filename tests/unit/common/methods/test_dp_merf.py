@@ -126,6 +126,10 @@ def release_event(c):
         (MerfRelease(step=0), "no 'embedding'"),
         (MerfRelease(step=0, embedding=np.zeros((10, 99), np.float32)), "shape"),
         (MerfRelease(step=0, embedding=np.full((10, 101), np.nan, np.float32)), "NaN"),
+        (MerfRelease(step=0, embedding=np.zeros((10, 101), np.int64)), "dtype int64, expected float32"),
+        (MerfRelease(step=0, embedding=np.zeros((10, 101), np.uint8)), "dtype uint8, expected float32"),
+        (MerfRelease(step=0, embedding=np.zeros((10, 101), bool)), "dtype bool, expected float32"),
+        (MerfRelease(step=0, embedding=np.zeros((10, 101), np.float64)), "dtype float64, expected float32"),
         (MerfRelease(step=0, embedding=np.zeros((10, 101), np.float32), noise_multiplier=-1.0), "noise_multiplier"),
     ],
 )
