@@ -179,7 +179,7 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
         holder["t"] = TimedTransport(transport, t0, first=args.skip, last=args.steps - 1)
         return run_experiment(cfg, run, holder["t"], transport_name=args.transport)
 
-    summary, error = run_on_transport(cfg.num_clients, server_fn, args.transport)
+    summary, error = run_on_transport(cfg.num_clients, server_fn, args.transport, node_state=run.state_dir)
     if error is not None:
         raise error
     events = holder["t"].events

@@ -38,7 +38,7 @@ from common.messages import (
 from common.methods import METHODS, adapter
 from protos import wire
 
-from .node import STATE_KEY, Node, client_id_of, own_ledger, policy_refusal
+from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal
 from .quiet import quiet_known_notices
 
 quiet_known_notices()  # this process may be a Ray actor: it prints Flower's shutdown notice
@@ -54,11 +54,12 @@ def _route(message_type: str):
 
 @_route(HELLO)
 def handle_hello(message: Message, context: Context) -> Message:
-    """Check the run against this node's policy; keep its configuration and state directory;
-    answer with this node's client id and, when it holds releases, its ledger.
+    """Check the run against this node's policy; keep its configuration; answer with this node's
+    client id and, when it holds releases, its ledger.
 
-    A SuperNode may override where its private state and its data live (node config ``state-dir``,
-    ``data-dir``): in a real deployment the node's disk is not the server's.
+    Where the node keeps its private state and its own privacy ledger is the node's (node config
+    ``state-dir``, ``node_root``), and so is where its data lives (``data-dir``): a node without a
+    place of its own, or a hello that tries to name one, is refused.
     """
     hello = wire.decode(Hello, message.content)
     config = json.loads(hello.config)
@@ -66,15 +67,30 @@ def handle_hello(message: Message, context: Context) -> Message:
         config["data_dir"] = str(context.node_config["data-dir"])
     cid = client_id_of(context)
     cfg = ExperimentConfig.from_mapping(config)
-    refusal = policy_refusal(context, cfg) or _device_problem(cfg)
+    state_dir = node_root(context)
+    refusal = _place_problem(hello, state_dir) or policy_refusal(context, cfg) or _device_problem(cfg)
     if refusal:
         if STATE_KEY in context.state:
             del context.state[STATE_KEY]  # no query of this run will be answered
         return wire.reply(HelloReply(client_id=cid, refused=True, reason=refusal), message)
-    state_dir = str(context.node_config.get("state-dir") or hello.state_dir)
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
     context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir, "version": version})
     return wire.reply(_ledger_summary(cfg, cid, state_dir, version), message)
+
+
+def _place_problem(hello: Hello, state_dir: str) -> str:
+    """Why the node cannot take part given where its state would live ("")."""
+    if hello.state_dir:
+        return (
+            f"the server's hello names a state directory ({hello.state_dir[:200]!r}): where a node keeps its state "
+            "and its privacy ledger is the node's own choice (state-dir in its node config), never the server's"
+        )
+    if not state_dir:
+        return (
+            "this node has no state directory of its own: set state-dir in its node config (it holds the node's "
+            "private state and the ledger of everything its data released, across runs)"
+        )
+    return ""
 
 
 def _device_problem(cfg: ExperimentConfig) -> str:
@@ -115,7 +131,7 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     query = wire.decode(AccuracyQuery, message.content)
     node = Node(context)
     state = node.load_state()
-    policy, problem = node.policy, policy_refusal(context, node.cfg)
+    problem, before = node.refusal(), state.ledger.copy()
     if problem:
         value, reason = None, f"client {state.client_id} refuses: {problem}"
     else:
@@ -125,10 +141,10 @@ def handle_accuracy(message: Message, context: Context) -> Message:
             query.classifier,
             num_classes=num_classes_for(node.cfg),
             noise_multiplier=query.noise_multiplier,
-            policy=policy,
+            policy=node.policy,
         )
     if value is not None:
-        node.persist(state)
+        node.record_release(state, before)
     reply = AccuracyReply(accuracy=-1.0 if value is None else value, refused=value is None, reason=reason)
     return wire.reply(reply, message)
 

@@ -1,16 +1,21 @@
 """What a handler knows of the node it runs on: the run (from its hello), its state, its own policy.
 
-Flower recreates the ClientApp for every message, so the run's configuration and the directory of
-the node's state live in ``context.state`` (set by the hello) and the state itself on the node's
-disk (``client/state.py``). The node's privacy policy is its own (``common/privacy/policy.py``):
-node config keys, a policy file, or the defaults, never what the server sends.
+Flower recreates the ClientApp for every message, so the run's configuration lives in
+``context.state`` (set by the hello) and the state itself on the node's disk (``client/state.py``),
+in the directory the node's own configuration names (``node_root``), never one a server chooses.
+The node's privacy policy is its own (``common/privacy/policy.py``): node config keys, a policy
+file, or the defaults, never what the server sends. Every release is charged to the node's own
+ledger (``common/privacy/node_ledger.py``) before its reply leaves, and the node's budget is
+checked there: one ledger per node across runs and methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
+from collections.abc import Iterable
 from functools import cached_property
 
 import torch
@@ -19,12 +24,20 @@ from flwr.app import ConfigRecord, Context
 from common.client_state import ClientState
 from common.config import ExperimentConfig
 from common.methods import core
-from common.privacy import NodePolicy, PolicyError, PrivacyLedger, load_policy
+from common.privacy import NodePolicy, PolicyError, PrivacyEvent, PrivacyLedger, load_policy
+from common.privacy.node_ledger import NODE_STATE_ENV, NodeBook, NodeLedgerError, charge_node, read_node_book
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 
 from .state import load_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
+
+
+def node_root(context: Context) -> str:
+    """Where this node keeps its state and its own ledger: its node config's ``state-dir``, else
+    ``FEDGAN_NODE_STATE`` (how a simulation's operator places its simulated nodes), else "" (the
+    node has no place of its own and takes part in no run)."""
+    return str(context.node_config.get("state-dir") or os.environ.get(NODE_STATE_ENV, ""))
 
 
 def client_id_of(context: Context) -> int:
@@ -110,13 +123,37 @@ class Node:
     def state_dir(self) -> str:
         return str(self.record["state_dir"])
 
+    @cached_property
+    def book(self) -> NodeBook:
+        """This client's node-level record of every release (NodeLedgerError when unreadable)."""
+        return read_node_book(self.state_dir, self.client_id)
+
     @property
     def policy(self) -> NodePolicy:
-        return node_policy(self.context)[0]
+        """The node's policy, its budget checked on the node's own ledger."""
+        return dataclasses.replace(node_policy(self.context)[0], node_ledger=self.book.ledger)
 
     def refusal(self) -> str:
-        """Why the node's policy refuses this run's releases ("" when it allows them)."""
+        """Why the node refuses this run's releases ("" when it allows them): its policy, or a node
+        ledger it cannot read (then it releases nothing)."""
+        try:
+            self.book  # noqa: B018 - read now: an unreadable node ledger refuses every release
+        except NodeLedgerError as err:
+            return str(err)
         return policy_refusal(self.context, self.cfg)
+
+    def charge(self, events: Iterable[PrivacyEvent], *, client_id: int | None = None) -> None:
+        """Charge releases to a client's node ledger (this node's client by default), before the
+        reply that carries them leaves the node."""
+        cid = self.client_id if client_id is None else client_id
+        charge_node(self.state_dir, {cid: events}, method=self.cfg.strategy)
+        self.__dict__.pop("book", None)  # read again when next asked
+
+    def record_release(self, state: ClientState, before: PrivacyLedger) -> None:
+        """The release just made on ``state`` (its ledger's events since ``before``) charged to the
+        node's ledger, then the state written: a crash in between over-counts, never under-counts."""
+        self.charge(state.ledger.since(before))
+        self.persist(state)
 
     def load_state(self) -> ClientState:
         """This node's client state at the version ``context.state`` says it is at."""

@@ -29,11 +29,12 @@ ACCURACY = "query.accuracy"
 
 @dataclass
 class Hello:
-    """Server -> every node when a run starts or resumes: the run's configuration (JSON) and the
-    directory for the node's state (which the node may override with its own)."""
+    """Server -> every node when a run starts or resumes: the run's configuration (JSON). Where the
+    node keeps its state and its privacy ledger is the node's own choice (its node config): a hello
+    that names a directory (``state_dir``, kept only to be refused) is refused."""
 
     config: str
-    state_dir: str
+    state_dir: str = ""
 
 
 @dataclass

@@ -74,7 +74,7 @@ def run_experiment(
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
     state.comm.add_control(*getattr(transport, "setup_totals", (0, 0)))  # a data plane's kick-off messages
-    nodes, greeting = greet(cfg, str(run.state_dir), transport, strategy, nodes)
+    nodes, greeting = greet(cfg, transport, strategy, nodes)
     state.ledger_holders = greeting.ledger_holders
     state.comm.add_control(greeting.bytes_down, greeting.bytes_up)
     allowed = set(cfg.participants())

@@ -57,8 +57,9 @@ class Greeting:
     replies: list[Incoming] = field(default_factory=list)  # (a client with releases sends its ledger)
 
 
-def hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: list[int]) -> Greeting:
-    """Send every node the run's config and state directory; learn its client id and its ledger.
+def hello(cfg: ExperimentConfig, transport: Transport, nodes: list[int]) -> Greeting:
+    """Send every node the run's config (never where to keep its state: the node decides); learn
+    its client id and its ledger.
 
     A reply may carry ``ledger_queries`` (queries already in the client's ledger when the run
     starts); ``fetch_ledgers`` skips a client only on that word, so a ClientApp that does not send it
@@ -66,7 +67,7 @@ def hello(cfg: ExperimentConfig, state_dir: str, transport: Transport, nodes: li
     the run stops before any release (``NodeRefused``, naming each node and why). Fails too when the
     nodes do not hold exactly the partitions 0..num_clients-1.
     """
-    greeting = wire.encode(Hello(config=json.dumps(cfg.to_dict()), state_dir=state_dir))
+    greeting = wire.encode(Hello(config=json.dumps(cfg.to_dict())))
     timeout_s = max(cfg.reply_timeout_s, HELLO_TIMEOUT_S)
     exchange = exchange_in_chunks(transport, [Outgoing(n, HELLO, greeting) for n in nodes], timeout_s=timeout_s)
     mapping, holders, refusals = {}, set(), []
@@ -105,13 +106,13 @@ def _check_greeting(cfg: ExperimentConfig, refusals: list[str], mapping: dict[in
 
 
 def greet(
-    cfg: ExperimentConfig, state_dir: str, transport: Transport, strategy: Strategy, nodes: list[int]
+    cfg: ExperimentConfig, transport: Transport, strategy: Strategy, nodes: list[int]
 ) -> tuple[list[int], Greeting]:
     """The hello, with the strategy told which client each node holds and the participants' ledgers
     as they stand (releases after the last checkpoint of a resumed run included, so that live ε is
     current from the first step). Returns the nodes ordered by client id, so that the server's
     sampling depends on the seed only, not on the node ids a runtime assigns."""
-    greeting = hello(cfg, state_dir, transport, nodes)
+    greeting = hello(cfg, transport, nodes)
     strategy.bind_nodes(greeting.mapping)
     allowed = set(cfg.participants())
     strategy.absorb_ledgers([r for r in greeting.replies if greeting.mapping[r.node_id] in allowed], final=False)

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -128,9 +129,14 @@ class InProcessTransport:
         node_config: dict | None = None,
         node_configs: dict[int, dict] | None = None,
         batch_handlers: dict[str, BatchHandler] | None = None,
+        node_state: str | Path | None = None,
     ) -> None:
         """``batch_handlers``: message type -> a handler of several nodes' messages at once
-        (``client.app.BATCH_HANDLERS``), used when an exchange sends that type to two or more nodes."""
+        (``client.app.BATCH_HANDLERS``), used when an exchange sends that type to two or more nodes.
+        ``node_state``: every node's ``state-dir`` (where it keeps its state and its own ledger, as a
+        real node's operator sets it), else ``FEDGAN_NODE_STATE`` decides, as for Flower's nodes."""
+        if node_state is not None:
+            node_config = {"state-dir": str(node_state), **(node_config or {})}
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.

@@ -25,6 +25,16 @@ def _no_node_policy_left_behind(monkeypatch):
     monkeypatch.delenv(POLICY_ENV, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _simulated_nodes_have_a_place(tmp_path, monkeypatch):
+    """A node keeps its state and its own ledger where its configuration says, never where a server
+    says: `fedgan simulate` places its simulated nodes in the run's clients/ (FEDGAN_NODE_STATE); a
+    test that drives a transport itself gets this test's own directory for them."""
+    from common.privacy.node_ledger import NODE_STATE_ENV
+
+    monkeypatch.setenv(NODE_STATE_ENV, str(tmp_path / "nodes"))
+
+
 @pytest.fixture
 def trust_server(monkeypatch):
     """Every simulated node trusts the server to noise its updates (Fed-Avg GAN), as the shipped

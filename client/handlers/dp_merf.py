@@ -18,11 +18,24 @@ def handle(message: Message, context: Context) -> Message:
     node = Node(context)
     use_client_threads()
     state = node.load_state()
-    refusal = node.refusal()
+    refusal, before = node.refusal() or _released_before(node), state.ledger.copy()
     if refusal:
         reply = MerfRelease(step=request.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
     else:
         reply = release(state, node.cfg, request, node.policy)
     if not reply.refused:
-        node.persist(state)
+        node.record_release(state, before)
     return wire.reply(reply, message)
+
+
+def _released_before(node: Node) -> str:
+    """DP-MERF is one release per client: a node that made one (in any run) makes another only when
+    its own policy sets a budget (max-epsilon), which then decides. Without one, a server could ask
+    again in every run and the releases would compose without bound."""
+    made = node.book.by_method.get(node.cfg.strategy, 0)
+    if made and not node.policy.max_epsilon:
+        return (
+            f"this node already released its DP-MERF summary ({made} release(s) in its ledger); another needs a "
+            "budget in its own policy (max-epsilon)"
+        )
+    return ""

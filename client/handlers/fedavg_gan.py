@@ -24,6 +24,7 @@ def handle(message: Message, context: Context) -> Message:
         raise RuntimeError(f"this node refuses Fed-Avg GAN rounds: {refusal}")
     round_ = wire.decode(FedAvgRound, message.content)
     cfg, state = node.cfg, node.load_state()
+    before = state.ledger.copy()
     delta = client_update(
         round_.generator,
         round_.discriminator,
@@ -42,6 +43,6 @@ def handle(message: Message, context: Context) -> Message:
     )
     state.ledger.record(RAW_DELTA)
     state.version += 1
-    node.persist(state)
+    node.record_release(state, before)
     reply = FedAvgReply(step=round_.step, delta={k: v.contiguous() for k, v in delta.items()})
     return wire.reply(reply, message)

@@ -26,10 +26,10 @@ def handle(message: Message, context: Context) -> Message:
     node = Node(context)
     use_client_threads()
     state = node.load_state()
-    refusal = node.refusal()
+    refusal, before = node.refusal(), state.ledger.copy()
     answer = _refused(query, state, refusal) if refusal else answer_query(state, node.cfg, query, node.policy)
     if not answer.refused:
-        node.persist(state)
+        node.record_release(state, before)
     return wire.reply(answer, message)
 
 
@@ -66,6 +66,7 @@ def _answer(
     data breaks its answer fails alone (``answer_queries`` answers the others one by one then); only
     an error outside any one client fails every node of the stacked phase, with its cause."""
     cfgs = [node.cfg for _, node, _, _ in work]
+    before = [state.ledger.copy() for _, _, state, _ in work]  # what each has released, before this step
     answers: list[GsAnswer | Exception]
     if len(work) >= 2 and cfgs[0].stack_clients and all(c == cfgs[0] for c in cfgs):
         try:
@@ -75,12 +76,12 @@ def _answer(
     else:
         answers = [_one(node, state, query) for _, node, state, query in work]
     out: list[tuple[int, Message | Exception]] = []
-    for (i, node, state, _), answer in zip(work, answers, strict=True):
+    for (i, node, state, _), answer, earlier in zip(work, answers, before, strict=True):
         try:
             if isinstance(answer, Exception):
                 raise answer
             if not answer.refused:
-                node.persist(state)
+                node.record_release(state, earlier)
             out.append((i, wire.reply(answer, messages[i])))
         except Exception as err:  # noqa: BLE001 - this node fails, the others go on
             out.append((i, err))

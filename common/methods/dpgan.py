@@ -37,6 +37,7 @@ from common.models import build_generator, sample_latent
 from common.options import check, check_all, check_choice, option
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
+from common.privacy.node_ledger import pooled_event
 from common.public_warmup import pretrain_gan, public_batch
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
@@ -227,6 +228,7 @@ _NODES: dict[str, DpganNode] = {}
 class DpganNode:
     images: torch.Tensor
     labels: torch.Tensor
+    sizes: list[int]  # each pooled client's number of examples (its node-level unit, ``pooled_charges``)
     trainer: DpDiscriminatorTrainer
     generator: torch.nn.Module
     g_optimizer: torch.optim.Optimizer
@@ -268,15 +270,25 @@ class DpganNode:
         )
 
 
-def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def pooled_data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Every partition, pooled, and each client's number of examples in the pool."""
     parts = [load_client_partition(cfg, k) for k in range(cfg.num_clients)]
-    return torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts])
+    sizes = [len(p.labels) for p in parts]
+    return torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), sizes
+
+
+def pooled_charges(node: DpganNode, events: list[PrivacyEvent]) -> dict[int, list[PrivacyEvent]]:
+    """What the curator's DP-SGD steps cost each pooled client in the node unit (its whole
+    partition, ``pooled_event``): charged to every pooled client's node ledger, as its data took
+    part in every step."""
+    return {k: [pooled_event(e, n) for e in events] for k, n in enumerate(node.sizes)}
 
 
 def new_node(cfg: ExperimentConfig) -> DpganNode:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    images, labels = (t.to(device) for t in pooled_data(cfg))
+    images, labels, sizes = pooled_data(cfg)
+    images, labels = images.to(device), labels.to(device)
     num_classes = num_classes_for(cfg)
     # Opacus draws the noise where the gradients are, so the noise generator lives on the device
     # (still seeded from the OS CSPRNG); the secret Poisson batches stay on the CPU (``Sampler``).
@@ -318,6 +330,7 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
     return DpganNode(
         images=images,
         labels=labels,
+        sizes=sizes,
         trainer=trainer,
         generator=gen,
         g_optimizer=torch.optim.Adam(gen.parameters(), lr=cfg.dpgan_lr, betas=(cfg.beta1, 0.999)),

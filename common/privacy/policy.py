@@ -28,7 +28,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,9 @@ class NodePolicy:
     allow_nonprivate: bool = False
     trust_server: bool = False
     source: str = "default policy"
+    # The node's own ledger of every release (``node_ledger.py``), attached by the node before a
+    # release: its max-epsilon is checked there. None: the run's ledger stands in (a bare policy).
+    node_ledger: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _require(
@@ -72,12 +75,16 @@ class NodePolicy:
         return sorted(set(out))
 
     def over_budget(self, ledger: Any, event: Any, cfg: Any) -> str:
-        """Why recording ``event`` in ``ledger`` would break a budget ("" when it would not), as the
-        end of a sentence whose subject is the release ("one more answer would exceed ...")."""
-        for budget, delta in self.budgets(cfg):
-            if ledger.would_exceed(budget=budget, delta=delta, next_event=event):
-                spent = ledger.nominal_rdp_epsilon(delta=delta)[0]
-                return f"would exceed its epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
+        """Why recording ``event`` would break a budget ("" when it would not), as the end of a
+        sentence whose subject is the release ("one more answer would exceed ..."). The run's budget
+        (``client_epsilon_budget``, at the run's δ) is checked on the run's ``ledger``; the node's
+        own ``max-epsilon`` (at its δ) on the node's ledger of every run and method."""
+        checks = [(cfg.client_epsilon_budget, cfg.delta, ledger, "the run's")]
+        checks.append((self.max_epsilon, self.delta, self.node_ledger or ledger, "the node's"))
+        for budget, delta, book, whose in checks:
+            if budget > 0 and book.would_exceed(budget=budget, delta=delta, next_event=event):
+                spent = book.nominal_rdp_epsilon(delta=delta)[0]
+                return f"would exceed {whose} epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
         return ""
 
     def violations(self, cfg: Any) -> list[str]:
@@ -155,7 +162,7 @@ def _require(ok: bool, policy: NodePolicy, key: str, why: str) -> None:
         raise PolicyError(f"{policy.source}: {key} = {getattr(policy, key.replace('-', '_'))!r} {why}")
 
 
-_KEYS = {f.name.replace("_", "-"): f for f in fields(NodePolicy) if f.name != "source"}
+_KEYS = {f.name.replace("_", "-"): f for f in fields(NodePolicy) if f.name not in ("source", "node_ledger")}
 
 
 def policy_from_mapping(values: Mapping[str, Any], *, source: str) -> NodePolicy:

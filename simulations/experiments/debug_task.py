@@ -38,11 +38,11 @@ BRIGHT_LEVEL = 0.5  # mean intensity of an upright digit is ~0.13, of an inverte
 
 
 def select_suspects(
-    cfg: ExperimentConfig, state_dir: Path, classifier: torch.nn.Module, transport, *, noise_multiplier: float
+    cfg: ExperimentConfig, classifier: torch.nn.Module, transport, *, noise_multiplier: float
 ) -> dict[int, dict[str, Any]]:
     """Ask every client for its noisy on-device accuracy of ``classifier``."""
     nodes = transport.node_ids(cfg.num_clients)
-    mapping = hello(cfg, str(state_dir), transport, nodes).mapping
+    mapping = hello(cfg, transport, nodes).mapping
     content = wire.encode(AccuracyQuery(noise_multiplier=noise_multiplier, classifier=classifier.state_dict()))
     result = {}
     for reply in transport.exchange([Outgoing(node, ACCURACY, content) for node in nodes]).replies:
@@ -113,9 +113,10 @@ def debug_task(
     )
     selection, error = run_on_transport(
         cfg.num_clients,
-        lambda t: select_suspects(cfg, state_dir, classifier, t, noise_multiplier=selection_noise),
+        lambda t: select_suspects(cfg, classifier, t, noise_multiplier=selection_noise),
         transport,
         reply_timeout_s=cfg.reply_timeout_s,
+        node_state=state_dir,
     )
     if error is not None:
         raise error
@@ -162,6 +163,7 @@ def _train_group(
         lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior),
         transport,
         reply_timeout_s=cfg.reply_timeout_s,
+        node_state=run.state_dir,
     )
     if error is not None:
         raise error

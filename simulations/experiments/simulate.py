@@ -8,7 +8,9 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from common.config import ExperimentConfig
@@ -65,13 +67,19 @@ def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
 
 
 def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
-    return run_on_transport(cfg.num_clients, _experiment_fn(cfg, run, resume, stop, "inprocess"), "inprocess")
+    server_fn = _experiment_fn(cfg, run, resume, stop, "inprocess")
+    return run_on_transport(cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir)
 
 
 def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
     server_fn = _experiment_fn(cfg, run, resume, stop, "flower-simulation")
     return run_on_transport(
-        cfg.num_clients, server_fn, "flower", reply_timeout_s=cfg.reply_timeout_s, parallel=cfg.parallel_clients
+        cfg.num_clients,
+        server_fn,
+        "flower",
+        reply_timeout_s=cfg.reply_timeout_s,
+        parallel=cfg.parallel_clients,
+        node_state=run.state_dir,
     )
 
 
@@ -89,11 +97,36 @@ def run_on_transport(
     reply_timeout_s: float = 300.0,
     client_app: Any = None,
     parallel: int = 1,
+    node_state: str | Path | None = None,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
     (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed; ``parallel``
     ClientApp actors) or by calling the ClientApp in-process. Returns (result, error).
-    ``client_app``: the project's unless a test passes another."""
+    ``client_app``: the project's unless a test passes another. ``node_state``: where the simulated
+    nodes keep their state and their own privacy ledgers (``FEDGAN_NODE_STATE``, as the operator of
+    real nodes sets their node config's ``state-dir``); the server never tells a node where."""
+    with simulated_node_state(node_state):
+        return _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel)
+
+
+@contextmanager
+def simulated_node_state(root: str | Path | None) -> Iterator[None]:
+    """``FEDGAN_NODE_STATE`` for this run's simulated nodes (Ray's actors inherit it), restored after."""
+    from common.privacy.node_ledger import NODE_STATE_ENV
+
+    before = os.environ.get(NODE_STATE_ENV)
+    if root is not None:
+        os.environ[NODE_STATE_ENV] = str(Path(root).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(NODE_STATE_ENV, None)
+        else:
+            os.environ[NODE_STATE_ENV] = before
+
+
+def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel):
     batch_handlers = None
     if client_app is None:
         from client.app import BATCH_HANDLERS as batch_handlers

@@ -72,7 +72,7 @@ def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):
     assert error is None, error
     assert summary["status"].startswith("stopped") and summary["steps_completed"] == 3
     assert summary["clients"][0]["epsilon"] <= 5.0
-    assert any("would exceed its epsilon budget 5" in n for n in summary["notes"])
+    assert any("epsilon budget 5 at" in n for n in summary["notes"])
 
 
 def test_dpac_charges_the_classifiers_dp_steps_and_calibrates_for_them(tmp_path):

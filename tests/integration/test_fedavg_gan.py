@@ -68,7 +68,7 @@ def test_a_delta_that_does_not_fit_d_fails_its_sender_and_the_rounds_go_on(tmp_p
             reply.content = wire.encode(answer)
         return reply
 
-    transport = InProcessTransport(app, cfg.num_clients)
+    transport = InProcessTransport(app, cfg.num_clients, node_config={"privacy-trust-server": True})
     summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess", stop=stop)
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
     rogue = summary["clients"][1]

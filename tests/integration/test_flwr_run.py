@@ -40,6 +40,8 @@ def flwr_env(tmp_path_factory):
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
         FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+        # where the local simulation's nodes keep their state and ledgers (inherited by the SuperLink)
+        FEDGAN_NODE_STATE=str(home / "nodes"),
     )
     yield env
     _stop_local_superlink(str(http_port))

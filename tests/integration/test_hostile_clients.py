@@ -167,7 +167,12 @@ def test_simulate_marks_a_client_silent_beyond_the_reply_timeout_as_failed(tmp_p
     cfg = cfg_for(tmp_path, steps=3, num_clients=2, reply_timeout_s=2.0)
     run = RunDirectory.create(cfg)
     summary, error = run_on_transport(
-        2, _experiment_fn(cfg, run, False, None, "flower-simulation"), "flower", reply_timeout_s=2.0, client_app=sleepy
+        2,
+        _experiment_fn(cfg, run, False, None, "flower-simulation"),
+        "flower",
+        reply_timeout_s=2.0,
+        client_app=sleepy,
+        node_state=run.state_dir,
     )
     assert error is None, error
     rogue = summary["clients"][ROGUE]

@@ -39,8 +39,9 @@ def summaries(tmp_path_factory):
             checkpoint_every=100,
             **changes,
         )
-        transport = InProcessTransport(client_app, 2, node_config=ALLOW_NONPRIVATE)
-        out[name] = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
+        run = RunDirectory.create(cfg)
+        transport = InProcessTransport(client_app, 2, node_config=ALLOW_NONPRIVATE, node_state=run.state_dir)
+        out[name] = run_experiment(cfg, run, transport, transport_name="inprocess")
     return out
 
 

@@ -25,7 +25,9 @@ def run_inprocess(cfg, *, resume=False, app=client_app, transport=None, prior=No
     run = RunDirectory.open_existing(cfg.out)[0] if resume else RunDirectory.create(cfg)
     if resume:
         run.write_json("config.json", cfg.to_dict())
-    transport = transport or InProcessTransport(app, cfg.num_clients, node_config=ALLOW_NONPRIVATE)
+    transport = transport or InProcessTransport(
+        app, cfg.num_clients, node_config=ALLOW_NONPRIVATE, node_state=run.state_dir
+    )
     return run, run_experiment(cfg, run, transport, resume=resume, transport_name="inprocess", prior=prior)
 
 
@@ -184,11 +186,13 @@ def test_a_node_whose_policy_is_broken_stops_the_run_before_any_release(tmp_path
         client_app,
         3,
         node_configs={1: {"privacy-min-noise-multiplier": 2.0}, 2: {"privacy-max-epsilon": 5.0, "privacy-delta": 1e-7}},
+        node_state=tmp_path / "run" / "clients",
     )
     with pytest.raises(NodeRefused) as err:
         run_inprocess(cfg, transport=transport)
     text = str(err.value)
-    assert "2 of 3 nodes refuse" in text and "(client 1): noise multiplier 1.07 is below the node's minimum 2" in text
+    assert "2 of 3 nodes refuse" in text  # each answer's own multiplier: σ/√B = 1.07/√8
+    assert "(client 1): noise multiplier 0." in text  # (the reason is cut short in the message)
     assert "(client 2): epsilon budget 20 exceeds the node's maximum 5" in text and "delta 1e-05" in text
     assert not list((tmp_path / "run" / "clients").glob("client-*.pt"))  # nothing was released
 

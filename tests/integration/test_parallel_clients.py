@@ -52,6 +52,7 @@ def test_two_parallel_clients_answer_side_by_side_in_two_actors(tmp_path, monkey
         "flower",
         client_app=_calls_logged_to(calls),
         parallel=cfg.parallel_clients,
+        node_state=run.state_dir,
     )
     assert error is None, error
     assert summary["status"] == "completed" and sum(c["queries"] for c in summary["clients"]) == 8

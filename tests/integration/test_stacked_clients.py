@@ -37,7 +37,13 @@ def run(tmp_path, name, handlers=BATCH_HANDLERS, before=None, **changes):
     directory = RunDirectory.create(cfg)
     if before is not None:  # what a node's disk holds before the run
         before(cfg, directory)
-    transport = InProcessTransport(client_app, cfg.num_clients, node_config=ALLOW_NONPRIVATE, batch_handlers=handlers)
+    transport = InProcessTransport(
+        client_app,
+        cfg.num_clients,
+        node_config=ALLOW_NONPRIVATE,
+        batch_handlers=handlers,
+        node_state=directory.state_dir,
+    )
     summary = run_experiment(cfg, directory, transport, transport_name="inprocess")
     generator = torch.load(directory.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
     return summary, generator["ema"]["module"]

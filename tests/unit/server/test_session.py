@@ -70,7 +70,7 @@ def cfg(tmp_path):
 def _run(cfg, transport, queried=(), failed=()):
     """Hello, pretend ``queried`` clients were sent a step message, then fetch the ledgers."""
     strategy = FakeStrategy()
-    _, greeting = greet(cfg, "state", transport, strategy, transport.node_ids(cfg.num_clients))
+    _, greeting = greet(cfg, transport, strategy, transport.node_ids(cfg.num_clients))
     _, cost = fetch_ledgers(
         cfg,
         transport,
@@ -85,7 +85,7 @@ def _run(cfg, transport, queried=(), failed=()):
 def test_hello_goes_out_in_chunks_and_maps_every_node(cfg, monkeypatch):
     monkeypatch.setattr(session, "BROADCAST_CHUNK", 3)
     transport = FakeTransport(7)
-    greeting = hello(cfg, "state", transport, transport.node_ids(7))
+    greeting = hello(cfg, transport, transport.node_ids(7))
     assert [len(ex) for ex in transport.exchanges] == [3, 3, 1]
     assert greeting.mapping == {NODE + i: i for i in range(7)} and (greeting.bytes_down, greeting.bytes_up) == (70, 35)
 

@@ -86,7 +86,7 @@ def test_one_release_then_the_budget_refuses_the_second():
     assert event.noise_multiplier == c.merf_noise_multiplier and event.sample_rate == 1.0
     assert state.ledger.epsilon(delta=c.delta) == pytest.approx(50.0, rel=1e-3)
     second = release(state, c, MerfRequest(step=1), NodePolicy())
-    assert second.refused and "would exceed its epsilon budget 50" in second.reason
+    assert second.refused and "would exceed the run's epsilon budget 50" in second.reason
     assert state.ledger.queries == 1
 
 
