@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import queue
-import random
 import sys
 import tempfile
 import threading
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 LOCK_DIR = Path(tempfile.gettempdir()) / "fedgan-dataplane"
-CONNECT_ATTEMPTS = 12  # tries when the server has no pre-authentication slot free (~30 s in all)
 
 
 def lock_path(run_id: int, node_id: int) -> Path:
@@ -128,29 +126,19 @@ class Worker:
         self.last_heard = time.monotonic()
 
     def run(self) -> str:
-        """Serve the stream; a refusal for lack of pre-authentication slots (the server is flooded
-        with unauthenticated streams, or many workers start at once) is retried with backoff."""
+        """Serve the stream until it ends; returns why it ended.
 
-        for attempt in range(CONNECT_ATTEMPTS):
-            self.busy = False
-            reason = self._serve()
-            if not self.busy or attempt == CONNECT_ATTEMPTS - 1:
-                return reason
-            time.sleep(min(5.0, 0.2 * 2**attempt) * (0.5 + random.random()))
-            self.outbox = queue.Queue()
-        return reason
-
-    def _serve(self) -> str:
+        The hello (run, node, token) travels in the call's metadata: the server checks it before the
+        stream takes anything, so streams without it (a flood of them) cannot crowd this one out."""
+        from common.net import HELLO_METADATA_KEY
         from protos import dataplane_pb2 as pb
         from protos import dataplane_pb2_grpc as pb_grpc
 
         channel = _channel(self.spec["address"], self.spec.get("ca", ""), private_network(self.spec["node_config"]))
-        self.outbox.put(
-            pb.NodeMessage(
-                hello=pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"], token=self.spec["token"])
-            )
+        hello = pb.Hello(run_id=self.spec["run_id"], node_id=self.spec["node_id"], token=self.spec["token"])
+        call = pb_grpc.DataPlaneStub(channel).Connect(
+            self._requests(), metadata=((HELLO_METADATA_KEY, hello.SerializeToString()),)
         )
-        call = pb_grpc.DataPlaneStub(channel).Connect(self._requests())
         threading.Thread(target=self._watchdog, args=(call,), daemon=True).start()
         try:
             for message in call:
@@ -163,8 +151,6 @@ class Worker:
                         self.outbox.put(pb.NodeMessage(reply=fragment))
             return "stream closed by the server"
         except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the server is gone
-            code = err.code() if hasattr(err, "code") else None
-            self.busy = getattr(code, "name", "") == "RESOURCE_EXHAUSTED"
             return f"stream ended: {err.details() if hasattr(err, 'details') else err}"
         finally:
             self.outbox.put(None)

@@ -19,7 +19,7 @@ from common.config import ExperimentConfig
 from .loop import run_experiment
 from .reporting import FAILURE_FILE, RunDirectory
 from .summary import print_summary
-from .transport import FlowerTransport
+from .transport import FlowerTransport, RuntimeClock
 
 
 @dataclass
@@ -40,13 +40,15 @@ def make_server_app(
     *,
     on_pushed: Callable[[list[int]], None] | None = None,
     reply_timeout_s: float = 300.0,
+    clock: RuntimeClock | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``server_fn`` on the grid's transport and hands back its result.
 
     Used by ``fedgan simulate`` and ``fedgan debug-task``, whose configuration is resolved before
     Flower starts; exceptions are kept in ``result`` for the CLI to report with its exit code.
     ``on_pushed`` is handed to the transport (the simulation runtime's wake-up after each push), and
-    ``reply_timeout_s`` (the run's ``--reply-timeout-s``) bounds each wait for replies.
+    ``reply_timeout_s`` (the run's ``--reply-timeout-s``) bounds each wait for a reply, from when the
+    ClientApp started on it where ``clock`` (the simulation runtime's) says.
     """
     server_app = ServerApp()
 
@@ -54,7 +56,9 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         try:
-            result.summary = server_fn(FlowerTransport(grid, timeout_s=reply_timeout_s, on_pushed=on_pushed))
+            result.summary = server_fn(
+                FlowerTransport(grid, timeout_s=reply_timeout_s, on_pushed=on_pushed, clock=clock)
+            )
         except BaseException as err:  # handed to the CLI, which reports it and exits non-zero
             result.error = err
 

@@ -4,7 +4,8 @@ Flower 1.41 starts a ClientApp process per message (seconds each), so in a deplo
 opens its own gRPC server and asks every node, with ONE Flower message (``query.dataplane``), to
 start a persistent worker that dials back with a per-run, per-node token (HMAC of a secret that
 never leaves this process with the run and node ids; it travels inside Flower's message, over TLS
-when the deployment uses it). From then on every message of the round loop (hello, steps, ledgers)
+when the deployment uses it, and back in the stream's call metadata, checked before the stream
+takes a thread). From then on every message of the round loop (hello, steps, ledgers)
 goes over the stream; the contents are the same Flower RecordDicts and their bytes are counted with
 the same function, so byte counts and ledgers equal the Flower path's.
 
@@ -29,10 +30,11 @@ import grpc
 from flwr.app import Error, Message
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
+from google.protobuf.message import DecodeError
 
 from common.codec import PayloadError
 from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
-from common.net import MAX_GRPC_MESSAGE, REPLY_FRAGMENT, is_loopback
+from common.net import HELLO_METADATA_KEY, MAX_GRPC_MESSAGE, REPLY_FRAGMENT, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 from protos import wire
@@ -61,8 +63,9 @@ class Session:
     # Sequence numbers the server asked this node and is still waiting for: a reply to anything else
     # (unsolicited, repeated) is dropped, so an authenticated worker cannot fill the server's memory.
     pending: set[int] = field(default_factory=set)
-    # Fragments of replies still arriving (``more`` set), by sequence number; their total is bounded.
-    partial: dict[int, list[bytes]] = field(default_factory=dict)
+    # Fragments of replies still arriving (``more`` set), by sequence number; their number and total
+    # size are bounded.
+    partial: dict[int, Fragments] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
@@ -88,22 +91,19 @@ class Session:
 
     def _join(self, fragment: pb.Envelope) -> pb.Envelope | None:
         """Add a fragment (under the lock): None while more are to come, else the whole reply. One
-        whose fragments add up to more than MAX_REPLY_BYTES becomes an error reply, so the node is
-        marked failed with the cause and nothing more of it is buffered."""
-        parts = self.partial.setdefault(fragment.seq, [])
-        parts.append(fragment.content)
-        size = sum(len(part) for part in parts)
-        if size <= MAX_REPLY_BYTES and fragment.more:
+        whose fragments add up to more than MAX_REPLY_BYTES, or come in more than
+        MAX_REPLY_FRAGMENTS (empty ones cost a list entry each), becomes an error reply, so the node
+        is marked failed with the cause and nothing more of it is buffered."""
+        joined = self.partial.setdefault(fragment.seq, Fragments())
+        joined.add(fragment.content)
+        refusal = joined.refusal()
+        if not refusal and fragment.more:
             return None
         del self.partial[fragment.seq]
-        if size > MAX_REPLY_BYTES:
-            return pb.Envelope(
-                seq=fragment.seq,
-                message_type=fragment.message_type,
-                error=f"reply larger than {MAX_REPLY_BYTES >> 20} MiB; refused",
-            )
+        if refusal:
+            return pb.Envelope(seq=fragment.seq, message_type=fragment.message_type, error=refusal)
         return pb.Envelope(
-            seq=fragment.seq, message_type=fragment.message_type, content=b"".join(parts), error=fragment.error
+            seq=fragment.seq, message_type=fragment.message_type, content=b"".join(joined.parts), error=fragment.error
         )
 
     def forget(self, seq: int) -> None:
@@ -120,66 +120,95 @@ class Session:
             self.changed.notify_all()
 
 
-HELLO_DEADLINE_S = 10.0  # an unauthenticated stream must say hello within this, or it is cut
-PRE_AUTH_SLOTS = 6  # streams allowed to be waiting for their hello at once (the rest: RESOURCE_EXHAUSTED)
 MAX_HELLO_BYTES = 4096  # a hello is a run id, a node id and a 64-character token
-# gRPC has one receive limit per server, before and after authentication alike, so workers send
-# replies in fragments of at most REPLY_FRAGMENT (common/net.py) bytes and the limit stays small:
-# the pre-authentication slots can make the server buffer at most 6 × 1 MiB.
+# gRPC has one receive limit per server, so workers send replies in fragments of at most
+# REPLY_FRAGMENT (common/net.py) bytes and the limit stays small.
 MAX_WORKER_MESSAGE = 1024 * 1024
 # A whole reply, its fragments joined: the largest honest one is a paper-scale DPGAN generator
 # (3.8M float32 weights, ~15 MB); only replies the server asked for are buffered.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+# Fragments of one reply: what a worker needs to send MAX_REPLY_BYTES (every fragment but the last is full).
+MAX_REPLY_FRAGMENTS = -(-MAX_REPLY_BYTES // REPLY_FRAGMENT)
 assert REPLY_FRAGMENT + 4096 < MAX_WORKER_MESSAGE  # a fragment and its envelope fit in one message
 
 
-class DataPlaneServicer(pb_grpc.DataPlaneServicer):
-    """Accepts one stream per expected node whose hello carries the right token, once per run.
+@dataclass
+class Fragments:
+    """The fragments of one reply so far, and their running size (never re-summed)."""
 
-    Before authentication a stream holds one of a few slots for at most ``HELLO_DEADLINE_S``, so
-    silent or garbage connections cannot lock real workers out of the server's thread pool, and a
-    hello larger than ``MAX_HELLO_BYTES`` is refused at once."""
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, content: bytes) -> None:
+        self.parts.append(content)
+        self.size += len(content)
+
+    def refusal(self) -> str:
+        """Why the reply is refused ("": not, so far)."""
+        if self.size > MAX_REPLY_BYTES:
+            return f"reply larger than {MAX_REPLY_BYTES >> 20} MiB; refused"
+        if len(self.parts) > MAX_REPLY_FRAGMENTS:
+            return f"reply in more than {MAX_REPLY_FRAGMENTS} fragments; refused"
+        return ""
+
+
+def hello_of(metadata) -> pb.Hello | None:
+    """The Hello a stream's call metadata carries (``HELLO_METADATA_KEY``), or None."""
+    raw = next((value for key, value in metadata or () if key == HELLO_METADATA_KEY), None)
+    if not isinstance(raw, bytes) or len(raw) > MAX_HELLO_BYTES:
+        return None
+    try:
+        return pb.Hello.FromString(raw)
+    except DecodeError:
+        return None
+
+
+def _refuse(request_iterator, context) -> None:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
+
+
+class _Gate(grpc.ServerInterceptor):
+    """Refuses a stream whose metadata holds no valid hello before it is handed a thread.
+
+    gRPC calls interceptors on its serving thread, with the call's metadata and before the handler
+    is queued on the thread pool or any message is read; a refused stream then takes a pool thread
+    only for the instant its refusal takes. So streams without the token (silent ones, garbage) can
+    neither hold the threads the workers need nor make the server buffer anything (issue 23, item 16).
+    """
+
+    def __init__(self, servicer: DataPlaneServicer) -> None:
+        self.servicer = servicer
+        self.refused = grpc.stream_stream_rpc_method_handler(_refuse)
+
+    def intercept_service(self, continuation, handler_call_details):
+        hello = hello_of(handler_call_details.invocation_metadata)
+        if hello is None or not self.servicer.authentic(hello):
+            return self.refused
+        return continuation(handler_call_details)
+
+
+class DataPlaneServicer(pb_grpc.DataPlaneServicer):
+    """Accepts one stream per expected node whose call metadata carries a hello with the right
+    token, once per run; ``_Gate`` refuses every other stream before it takes a thread."""
 
     def __init__(self, run_id: int, secret: bytes, nodes: set[int]) -> None:
         self.run_id, self.secret, self.nodes = run_id, secret, nodes
         self.sessions: dict[int, Session] = {}
         self.connected = threading.Condition()
-        self.pre_auth = threading.BoundedSemaphore(PRE_AUTH_SLOTS)
 
-    def _first_message(self, request_iterator, context):
-        """The stream's first message within HELLO_DEADLINE_S, holding a pre-authentication slot."""
-        if not self.pre_auth.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many unauthenticated streams; retry")
-        try:
-            box: queue.Queue = queue.Queue(maxsize=1)
-
-            def read() -> None:
-                try:
-                    box.put(next(request_iterator, None))
-                except Exception:  # noqa: BLE001 - a broken stream is no hello
-                    box.put(None)
-
-            threading.Thread(target=read, daemon=True).start()
-            try:
-                return box.get(timeout=HELLO_DEADLINE_S)
-            except queue.Empty:
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no hello within {HELLO_DEADLINE_S:.0f} s")
-        finally:
-            self.pre_auth.release()
+    def authentic(self, hello: pb.Hello) -> bool:
+        """Whether ``hello`` is an expected node's, with its token for this run (compared as bytes:
+        ``hmac.compare_digest`` raises on a non-ASCII str)."""
+        expected = node_token(self.secret, self.run_id, hello.node_id)
+        return (
+            hello.run_id == self.run_id
+            and hello.node_id in self.nodes
+            and hmac.compare_digest(hello.token.encode(), expected.encode())
+        )
 
     def Connect(self, request_iterator, context):  # noqa: N802 - gRPC's method name
-        first = self._first_message(request_iterator, context)
-        if first is None or first.WhichOneof("kind") != "hello":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a hello")
-        if first.ByteSize() > MAX_HELLO_BYTES:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too large")
-        hello = first.hello
-        expected = node_token(self.secret, self.run_id, hello.node_id)
-        if (
-            hello.run_id != self.run_id
-            or hello.node_id not in self.nodes
-            or not hmac.compare_digest(hello.token, expected)
-        ):
+        hello = hello_of(context.invocation_metadata())
+        if hello is None or not self.authentic(hello):  # the gate let it through: checked again all the same
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
         session = Session()
         with self.connected:
@@ -271,6 +300,7 @@ class GrpcTransport:
         self.servicer = DataPlaneServicer(self.run_id, self.secret, set(nodes))
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=len(nodes) + 8),
+            interceptors=[_Gate(self.servicer)],
             options=[
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
                 ("grpc.max_receive_message_length", MAX_WORKER_MESSAGE),

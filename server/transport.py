@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -27,6 +28,25 @@ BatchHandler = Callable[[list[Message], list[Context]], list[Message | Exception
 # Messages of one exchange in Flower's simulation runtime at a time (see ``_send_and_receive``):
 # enough to keep every client actor busy, few enough that each delivery pass stays cheap.
 MAX_IN_FLIGHT = 64
+# Messages queued in Flower's simulation wait for an actor without a deadline of their own; when no
+# ClientApp call started or ended for this many reply timeouts, the actors are taken for hung.
+STALLED_AFTER_TIMEOUTS = 10
+
+
+class RuntimeClock(Protocol):
+    """When Flower's simulation runtime started each ClientApp call still running
+    (``simulations.experiments.flower_tuning.ClientAppClock``)."""
+
+    def started_at(self, message_id: str) -> float | None: ...
+
+    def last_event(self) -> float: ...
+
+    def running(self) -> list[tuple[int, float]]: ...
+
+
+class SimulationStalled(RuntimeError):
+    """Every ClientApp actor of Flower's simulation is held by a call that does not return: the
+    clients queued behind it can never run, so the run stops (checkpoint kept) rather than hang."""
 
 
 @dataclass
@@ -53,14 +73,18 @@ class FlowerTransport:
         wait_nodes_s: float = 120.0,
         on_pushed: Callable[[list[int]], None] | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        clock: RuntimeClock | None = None,
     ) -> None:
         """``on_pushed`` is called after each push (the simulation runtime's wake-up, see
-        ``simulations.experiments.flower_tuning``); without it, exchanges use ``grid.send_and_receive``."""
+        ``simulations.experiments.flower_tuning``); without it, exchanges use ``grid.send_and_receive``.
+        ``clock`` (with ``on_pushed``): when the simulation's ClientApp started on each message, from
+        which its reply deadline runs; without it, from the push."""
         self.grid = grid
         self.timeout_s = timeout_s
         self.wait_nodes_s = wait_nodes_s
         self.on_pushed = on_pushed
         self.max_in_flight = max_in_flight
+        self.clock = clock
         if hasattr(grid, "pull_interval"):
             # The in-memory grid polls for replies every 0.1 s by default; GS-WGAN exchanges
             # thousands of small messages, so poll faster.
@@ -96,22 +120,63 @@ class FlowerTransport:
         delivery pass (Flower 1.41, ``InMemoryLinkState.get_message_ins``), so pushing all K messages
         of a step that asks every client (a hello, DP-MERF's collection) at once costs O(K²) per
         pass: at K = 3,400 the driver spent more CPU scanning than the clients computing.
+
+        Each message is waited for ``timeout_s`` from when its ClientApp started (``clock``): the
+        simulation runs the clients of a step one after the other in its actors, so a deadline for
+        the whole exchange blamed the clients queued behind a slow one for its time.
         """
         if self.on_pushed is None:
             return self.grid.send_and_receive(messages, timeout=timeout_s)
-        waiting = deque(messages)
-        deadline, replies, pending = time.monotonic() + timeout_s, [], set()
-        while (waiting or pending) and time.monotonic() < deadline:
+        waiting, began = deque(messages), time.monotonic()
+        replies: list[Message] = []
+        pending: dict[str, float | None] = {}  # pushed message id -> when its ClientApp started (None: queued)
+        while waiting or pending:
             if waiting and len(pending) < self.max_in_flight:
                 batch = [waiting.popleft() for _ in range(min(len(waiting), self.max_in_flight - len(pending)))]
-                pending.update(self.grid.push_messages(batch))
+                pushed_at = None if self.clock is not None else time.monotonic()
+                pending.update(dict.fromkeys(self.grid.push_messages(batch), pushed_at))
                 self.on_pushed([m.metadata.dst_node_id for m in batch])
-            pulled = list(self.grid.pull_messages(pending)) if pending else []
+            pulled = list(self.grid.pull_messages(list(pending))) if pending else []
             replies += pulled
-            pending.difference_update(r.metadata.reply_to_message_id for r in pulled)
+            for reply in pulled:
+                pending.pop(reply.metadata.reply_to_message_id, None)
+            self._give_up_overdue(pending, timeout_s)
+            if waiting or None in pending.values():
+                self._check_stalled(began, timeout_s)
             if pending and not pulled:
                 time.sleep(getattr(self.grid, "pull_interval", 0.002))
         return replies
+
+    def _give_up_overdue(self, pending: dict[str, float | None], timeout_s: float) -> None:
+        """Note when each queued message's ClientApp started; stop waiting for those started more
+        than ``timeout_s`` ago (no reply: the exchange reports them as timed out)."""
+        now = time.monotonic()
+        for message_id, started in list(pending.items()):
+            if started is None and self.clock is not None:
+                started = pending[message_id] = self.clock.started_at(message_id)
+            if started is not None and now - started > timeout_s:
+                del pending[message_id]
+
+    def _check_stalled(self, began: float, timeout_s: float) -> None:
+        """Messages still queued wait for an actor however long the ones before them take, unless
+        nothing started or ended for ``STALLED_AFTER_TIMEOUTS`` reply timeouts: then every actor is
+        held by a call that does not return, and nothing queued will ever run."""
+        if self.clock is None:
+            return
+        quiet_s = time.monotonic() - max(began, self.clock.last_event())
+        if quiet_s > STALLED_AFTER_TIMEOUTS * timeout_s:
+            held = sorted({node for node, _ in self.clock.running()})
+            why = (
+                f"its actors are held by node(s) {held[:5]}, which the server already gave up on "
+                "(a ClientApp that never returns?)"
+                if held
+                else "no ClientApp is running either (the runtime lost the messages?)"
+            )
+            raise SimulationStalled(
+                f"Flower's simulation is stuck: no ClientApp call started or ended for {quiet_s:.0f} s "
+                f"({STALLED_AFTER_TIMEOUTS} x the {timeout_s:g} s reply timeout) and {why}; the clients "
+                "queued for an actor cannot run"
+            )
 
 
 class InProcessTransport:

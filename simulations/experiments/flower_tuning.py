@@ -15,12 +15,18 @@ A woken pass also scans only the nodes just pushed to (``_Delivery``): the in-me
 K nodes with M messages in flight costs K·M checks, and a step that asks every client (a hello,
 DP-MERF's collection: K = M = 3,400) spent more CPU in the feeder than the clients in their work
 (12 clients/s). A pass after a wait that timed out still scans every node, as Flower's does.
+
+Each ClientApp call is timed where the runtime makes it (``ClientAppClock``): the runtime's worker
+threads, one per actor, take the next queued message as soon as an actor is free, so a message's
+reply deadline (``--reply-timeout-s``) runs from then, not from the push. A client that sleeps holds
+its actor; the clients queued behind it wait without being blamed for it (issue 23, item 13).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +36,8 @@ from flwr.server.superlink.fleet.vce import vce_api
 RAY_WORKER_NICENESS = "RAY_worker_niceness"
 FEEDER_NAME = "add_messages_to_queue"
 FEEDER_PARAMS = ("state", "queue", "nodes_mapping", "f_stop")
+WORKER_NAME = "worker"
+WORKER_PARAMS = ("messageins_queue", "messageres_queue", "node_info_store", "backend", "f_stop", "metrics")
 
 
 class _Delivery:
@@ -116,6 +124,85 @@ def prompt_message_delivery() -> Iterator[Callable[[Iterable[int]], None]]:
         yield on_pushed
     finally:
         setattr(vce_api, FEEDER_NAME, original)
+
+
+class ClientAppClock:
+    """When the runtime started each ClientApp call still running, and when it last started or
+    finished one (``server.transport.RuntimeClock``; read by the ServerApp's thread, written by the
+    runtime's workers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[int, float]] = {}  # message id -> (node, monotonic start)
+        self._last_event = time.monotonic()
+
+    def started(self, message_id: str, node: int) -> None:
+        with self._lock:
+            self._last_event = time.monotonic()
+            self._running[message_id] = (node, self._last_event)
+
+    def finished(self, message_id: str) -> None:
+        with self._lock:
+            self._last_event = time.monotonic()
+            self._running.pop(message_id, None)
+
+    def started_at(self, message_id: str) -> float | None:
+        """When the ClientApp began on this message; None when it has not (queued) or has finished."""
+        with self._lock:
+            entry = self._running.get(message_id)
+        return None if entry is None else entry[1]
+
+    def last_event(self) -> float:
+        with self._lock:
+            return self._last_event
+
+    def running(self) -> list[tuple[int, float]]:
+        """(node, start) of every ClientApp call in progress."""
+        with self._lock:
+            return list(self._running.values())
+
+
+class _TimedBackend:
+    """The runtime's backend as its worker threads see it: each ``process_message`` is clocked.
+    A worker calls it only when an actor is free (one worker thread per actor), so its start is when
+    the ClientApp starts on the message."""
+
+    def __init__(self, backend: Any, clock: ClientAppClock) -> None:
+        self._backend, self._clock = backend, clock
+
+    def process_message(self, message: Any, context: Any) -> Any:
+        message_id = message.metadata.message_id
+        self._clock.started(message_id, message.metadata.dst_node_id)
+        try:
+            return self._backend.process_message(message, context)
+        finally:
+            self._clock.finished(message_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+@contextmanager
+def clocked_client_apps() -> Iterator[ClientAppClock]:
+    """For one ``run_simulation`` call, time every ClientApp call (``FlowerTransport(clock=)``).
+
+    Replaces ``vce_api.worker`` (which ``run_api`` looks up when it starts its worker threads) by a
+    wrapper that runs Flower's own worker with ``_TimedBackend`` as its backend, and restores it on
+    exit. ``tests/unit/simulations/test_flower_tuning.py`` fails if a Flower upgrade removes this hook.
+    """
+    original = getattr(vce_api, WORKER_NAME)
+    clock = ClientAppClock()
+
+    def worker(
+        messageins_queue: Any, messageres_queue: Any, node_info_store: Any, backend: Any, f_stop: Any, metrics: Any
+    ) -> None:
+        original(messageins_queue, messageres_queue, node_info_store, _TimedBackend(backend, clock), f_stop, metrics)
+
+    setattr(vce_api, WORKER_NAME, worker)
+    try:
+        yield clock
+    finally:
+        setattr(vce_api, WORKER_NAME, original)
 
 
 def run_client_actors_at_normal_priority() -> None:

@@ -100,7 +100,8 @@ def run_on_transport(
     node_state: str | Path | None = None,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
-    (one SuperNode per client; a client silent for ``reply_timeout_s`` is marked failed; ``parallel``
+    (one SuperNode per client; a client silent for ``reply_timeout_s`` once its ClientApp started is
+    marked failed, the clients queued behind it for an actor are not; ``parallel``
     ClientApp actors) or by calling the ClientApp in-process. Returns (result, error).
     ``client_app``: the project's unless a test passes another. ``node_state``: where the simulated
     nodes keep their state and their own privacy ledgers (``FEDGAN_NODE_STATE``, as the operator of
@@ -143,7 +144,7 @@ def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client
 
     from server.app import RunResult, make_server_app
 
-    from .flower_tuning import prompt_message_delivery, run_client_actors_at_normal_priority
+    from .flower_tuning import clocked_client_apps, prompt_message_delivery, run_client_actors_at_normal_priority
     from .reaper import watch
 
     _quiet_flower()
@@ -158,9 +159,11 @@ def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client
         "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
     }
     try:
-        with watch(), prompt_message_delivery() as on_pushed:
+        with watch(), prompt_message_delivery() as on_pushed, clocked_client_apps() as clock:
             run_simulation(
-                server_app=make_server_app(server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s),
+                server_app=make_server_app(
+                    server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s, clock=clock
+                ),
                 client_app=client_app,
                 num_supernodes=num_clients,
                 backend_config=backend,

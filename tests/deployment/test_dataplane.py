@@ -83,17 +83,25 @@ def started(tmp_path, n=1, **settings) -> tuple[GrpcTransport, InProcessTranspor
     return transport, control
 
 
-def refusal(transport: GrpcTransport, hello, timeout_s: float = 30):
-    """The status code the data plane refuses a stream opening with ``hello`` with (fails if it
-    accepts it)."""
+def hello_metadata(hello) -> tuple:
+    """The call metadata a worker sends: its Hello, serialized (``hello``: a pb.Hello or raw bytes)."""
+    from common.net import HELLO_METADATA_KEY
+
+    return ((HELLO_METADATA_KEY, hello if isinstance(hello, bytes) else hello.SerializeToString()),)
+
+
+def refusal(transport: GrpcTransport, hello=None, messages=(), timeout_s: float = 30):
+    """The status code the data plane refuses a stream with (fails if it accepts it): ``hello`` in
+    its metadata (None: no metadata), then ``messages``."""
     import grpc
 
     from protos import dataplane_pb2_grpc as pb_grpc
 
     channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+    metadata = None if hello is None else hello_metadata(hello)
     try:
         with pytest.raises(grpc.RpcError) as err:
-            next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=timeout_s))
+            next(pb_grpc.DataPlaneStub(channel).Connect(iter(messages), metadata=metadata, timeout=timeout_s))
         return err.value.code()
     finally:
         channel.close()
@@ -161,17 +169,15 @@ def test_tls_data_plane_and_refusals(tmp_path):
         from protos import dataplane_pb2_grpc as pb_grpc
 
         port = transport.server_port
-        hello = pb.NodeMessage(
-            hello=pb.Hello(
-                run_id=run_id_of(control), node_id=node, token=node_token(transport.secret, run_id_of(control), node)
-            )
+        hello = pb.Hello(
+            run_id=run_id_of(control), node_id=node, token=node_token(transport.secret, run_id_of(control), node)
         )
         for channel in (
             grpc.insecure_channel(f"127.0.0.1:{port}"),
             grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(rogue.ca_cert.read_bytes())),
         ):
             with pytest.raises(grpc.RpcError) as err:
-                next(pb_grpc.DataPlaneStub(channel).Connect(iter([hello]), timeout=10))
+                next(pb_grpc.DataPlaneStub(channel).Connect(iter([]), metadata=hello_metadata(hello), timeout=10))
             assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     finally:
         transport.close()
@@ -185,8 +191,12 @@ def test_a_wrong_token_is_refused(tmp_path):
     transport, control = started(tmp_path, idle_s=30)
     try:
         node = next(iter(control.contexts))
-        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token="0" * 64))
+        hello = pb.Hello(run_id=run_id_of(control), node_id=node, token="0" * 64)
         assert refusal(transport, hello) == grpc.StatusCode.UNAUTHENTICATED
+        # a token that is not ASCII is a wrong token too (hmac.compare_digest raises on such a str)
+        assert refusal(transport, pb.Hello(run_id=run_id_of(control), node_id=node, token="é" * 64)) == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
     finally:
         transport.close()
 
@@ -206,7 +216,7 @@ def test_a_token_opens_one_session_per_run(tmp_path):
     try:
         node = next(iter(control.contexts))
         token = node_token(transport.secret, run_id_of(control), node)
-        hello = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token=token))
+        hello = pb.Hello(run_id=run_id_of(control), node_id=node, token=token)
         session = transport.servicer.sessions[node]
         assert refusal(transport, hello) == grpc.StatusCode.PERMISSION_DENIED
         assert transport.servicer.sessions[node] is session and not session.closed.is_set()
@@ -270,19 +280,16 @@ def test_a_worker_that_dies_is_dropped_and_the_run_goes_on(tmp_path):
     assert summary["clients"][0]["queries"] == 3 and summary["clients"][1]["queries"] == 2
 
 
-def test_unauthenticated_streams_cannot_lock_workers_out(tmp_path, monkeypatch):
-    """Issue 14, item 7: silent connections used to wait for a hello forever on the pool of nodes+8
-    threads; now a few pre-authentication slots, each held at most HELLO_DEADLINE_S, and the rest
-    refused at once; a hello too large to be one is refused before anything else."""
+def test_streams_without_a_valid_hello_in_their_metadata_are_refused_at_once(tmp_path):
+    """Issue 14, item 7 (silent connections held the pool of nodes+8 threads) and issue 23, item 16
+    (they then held the six pre-authentication slots): a stream whose metadata holds no valid hello
+    is refused before it takes a thread, whatever it sends or does not send, and the worker stays."""
     import threading
 
     import grpc
 
     from protos import dataplane_pb2 as pb
-    from protos import dataplane_pb2_grpc as pb_grpc
-    from server import dataplane
 
-    monkeypatch.setattr(dataplane, "HELLO_DEADLINE_S", 2.0)
     transport, control = started(tmp_path, idle_s=30)
     forever = threading.Event()
 
@@ -291,23 +298,16 @@ def test_unauthenticated_streams_cannot_lock_workers_out(tmp_path, monkeypatch):
         yield from ()
 
     try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
-        stub = pb_grpc.DataPlaneStub(channel)
-        calls = [stub.Connect(silent(), timeout=20) for _ in range(dataplane.PRE_AUTH_SLOTS)]
-        time.sleep(0.5)
-        with pytest.raises(grpc.RpcError) as err:
-            next(stub.Connect(silent(), timeout=20))
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        for call in calls:  # each silent stream is cut at the deadline, freeing its slot
-            with pytest.raises(grpc.RpcError) as err:
-                next(call)
-            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        big = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * 100_000))
-        with pytest.raises(grpc.RpcError) as err:
-            next(stub.Connect(iter([big]), timeout=10))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        # the real worker is still connected and answers
         node = next(iter(control.contexts))
+        token = node_token(transport.secret, run_id_of(control), node)
+        in_message = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=node, token=token))
+        for hello, messages in (
+            (None, silent()),  # no hello, nothing sent
+            (None, [in_message]),  # the hello as a first message is not the protocol
+            (b"\xff" * 100, silent()),  # not a Hello
+            (pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * 5000), silent()),  # too large
+        ):
+            assert refusal(transport, hello, messages, timeout_s=20) == grpc.StatusCode.UNAUTHENTICATED
         assert not transport.servicer.sessions[node].closed.is_set()
     finally:
         forever.set()
@@ -328,15 +328,30 @@ def test_replies_nobody_asked_for_are_dropped():
 def test_the_server_reads_at_most_1_mib_per_message_from_any_stream(tmp_path):
     """Issue 14, item 7: the 256 MiB limit applied before authentication (8 × 250 MiB hellos took the
     ServerApp from 250 MiB to 2.26 GiB). gRPC has one limit per server, so workers send replies in
-    512 KiB fragments and the limit is 1 MiB for everyone."""
+    512 KiB fragments and the limit is 1 MiB; a stream without the token has nothing read at all."""
     import grpc
 
     from protos import dataplane_pb2 as pb
+    from protos import dataplane_pb2_grpc as pb_grpc
 
     transport, control = started(tmp_path, idle_s=30)
     try:
-        big = pb.NodeMessage(hello=pb.Hello(run_id=run_id_of(control), node_id=1, token="x" * (1100 * 1024)))
-        assert refusal(transport, big) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        big = pb.NodeMessage(reply=pb.Envelope(seq=1, content=b"x" * (1100 * 1024)))
+        assert refusal(transport, None, [big]) == grpc.StatusCode.UNAUTHENTICATED
+        spare = 12345  # an expected node without a worker: this test speaks for it
+        transport.servicer.nodes.add(spare)
+        hello = pb.Hello(
+            run_id=run_id_of(control), node_id=spare, token=node_token(transport.secret, run_id_of(control), spare)
+        )
+        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+        try:
+            call = pb_grpc.DataPlaneStub(channel).Connect(iter([big]), metadata=hello_metadata(hello), timeout=30)
+            with pytest.raises(grpc.RpcError) as err:
+                for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            channel.close()
     finally:
         transport.close()
 
@@ -376,3 +391,68 @@ def test_large_replies_travel_in_fragments_and_are_bounded():
     assert session.deliver(pb.Envelope(seq=5, content=b"x" * 100, more=True)) and 5 in session.partial
     session.forget(5)
     assert not session.partial and not session.deliver(pb.Envelope(seq=5, content=b"x"))
+
+
+def test_hello_less_streams_cannot_lock_a_worker_out(tmp_path):
+    """Issue 23, item 16: eight attackers re-opening hello-less streams held the six pre-authentication
+    slots, and the worker with the right token was refused for all 12 of its retries (81 s). The
+    token now travels in the call's metadata and is checked before a stream takes anything, so the
+    attackers are refused at once and the worker gets in while they keep trying."""
+    import threading
+
+    import grpc
+
+    from protos import dataplane_pb2_grpc as pb_grpc
+
+    control = control_for(1)
+    transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30, connect_timeout_s=30))
+    kickoff, stop, refused = control.exchange, threading.Event(), []
+
+    def silent():
+        stop.wait()
+        yield from ()
+
+    def attacker():
+        channel = grpc.insecure_channel(f"127.0.0.1:{transport.server_port}")
+        while not stop.is_set():
+            try:
+                next(pb_grpc.DataPlaneStub(channel).Connect(silent(), timeout=20))
+            except grpc.RpcError:
+                refused.append(1)
+            time.sleep(0.01)
+        channel.close()
+
+    def kickoff_under_attack(outgoing, **kwargs):
+        for _ in range(8):
+            threading.Thread(target=attacker, daemon=True).start()
+        wait_until(lambda: len(refused) >= 8, timeout_s=30, what="the attackers being turned away")
+        return kickoff(outgoing, **kwargs)
+
+    control.exchange = kickoff_under_attack
+    try:
+        transport.node_ids(1)  # the worker connects within connect_timeout_s, or this raises
+        node = next(iter(control.contexts))
+        assert not transport.servicer.sessions[node].closed.is_set()
+    finally:
+        stop.set()
+        transport.close()
+
+
+def test_a_reply_in_endless_empty_fragments_is_cut_off_at_the_fragment_cap():
+    """Issue 23, item 16: an authenticated worker could send empty ``more`` fragments forever (34,715
+    buffered, the list re-summed under the lock for each). A reply in more fragments than an honest
+    one of MAX_REPLY_BYTES needs becomes an error reply naming the cause; nothing of it stays."""
+    from protos import dataplane_pb2 as pb
+    from server import dataplane
+    from server.dataplane import Session
+
+    session = Session()
+    session.expect(9)
+    empty = pb.Envelope(seq=9, message_type="train.gswgan", more=True)
+    for _ in range(dataplane.MAX_REPLY_FRAGMENTS):
+        assert session.deliver(empty) and 9 not in session.replies
+    assert session.deliver(empty)  # one fragment too many
+    assert f"more than {dataplane.MAX_REPLY_FRAGMENTS} fragments" in session.replies[9].error
+    assert not session.partial
+    assert not any(session.deliver(empty) for _ in range(10_000))  # the rest is unsolicited: dropped
+    assert not session.partial and list(session.replies) == [9]

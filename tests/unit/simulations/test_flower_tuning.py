@@ -7,16 +7,22 @@ stops helping (every step waits for the runtime's 0.1 s poll again): revisit it,
 import inspect
 import os
 import threading
+import time
 from queue import Queue
 
+import pytest
 from flwr.server.superlink.fleet.vce import vce_api
 
-from server.transport import FlowerTransport
+from server.transport import STALLED_AFTER_TIMEOUTS, FlowerTransport, SimulationStalled
 from simulations.experiments.flower_tuning import (
     FEEDER_NAME,
     FEEDER_PARAMS,
+    WORKER_NAME,
+    WORKER_PARAMS,
+    ClientAppClock,
     _Delivery,
     _WakeOnPush,
+    clocked_client_apps,
     prompt_message_delivery,
 )
 
@@ -189,6 +195,83 @@ def test_transport_keeps_at_most_max_in_flight_messages_pushed():
     replies = transport._send_and_receive([FakeMessage(n) for n in range(5)], 5.0)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == [f"id-{i}" for i in range(5)]
     assert [e for e in events if e.startswith("push")] == ["push 2", "push 2", "push 1"]
+
+
+def _global_names(code) -> set[str]:
+    """Names a function's code (nested comprehensions included) looks up in its module."""
+    nested = [c for c in code.co_consts if inspect.iscode(c)]
+    return set(code.co_names).union(*(_global_names(c) for c in nested))
+
+
+def test_flower_starts_its_workers_through_the_module_attribute_and_they_call_the_backend():
+    """The ClientApp clock stands in for the backend that ``run_api`` hands each worker thread."""
+    worker = getattr(vce_api, WORKER_NAME)
+    assert tuple(inspect.signature(worker).parameters) == WORKER_PARAMS
+    assert WORKER_NAME in _global_names(vce_api.run_api.__code__)  # looked up at call time (in a comprehension)
+    assert "process_message" in worker.__code__.co_names
+    with clocked_client_apps() as clock:
+        assert getattr(vce_api, WORKER_NAME) is not worker and isinstance(clock, ClientAppClock)
+    assert getattr(vce_api, WORKER_NAME) is worker
+
+
+def _reply(message_id: str):
+    return type("Reply", (), {"metadata": type("M", (), {"reply_to_message_id": message_id})()})()
+
+
+class OneActorGrid:
+    """push/pull as Flower's Grid in front of one simulated ClientApp actor: it runs the pushed
+    messages one after the other, message i for ``durations_s[i]`` seconds, clocked as the runtime's
+    worker threads are (``clocked_client_apps``)."""
+
+    def __init__(self, clock: ClientAppClock, durations_s: list[float]) -> None:
+        self.clock, self.durations_s, self.pull_interval = clock, durations_s, 0.001
+        self.queue: Queue = Queue()
+        self.replies: dict[str, object] = {}
+        self.lock = threading.Lock()
+        self.pushed = 0
+        threading.Thread(target=self._actor, daemon=True).start()
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            ids.append(f"id-{self.pushed}")
+            self.queue.put((ids[-1], message))
+            self.pushed += 1
+        return ids
+
+    def pull_messages(self, message_ids):
+        with self.lock:
+            return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def _actor(self) -> None:
+        while True:
+            message_id, message = self.queue.get()
+            self.clock.started(message_id, message.metadata.dst_node_id)
+            time.sleep(self.durations_s[int(message_id[3:])])
+            self.clock.finished(message_id)
+            with self.lock:
+                self.replies[message_id] = _reply(message_id)
+
+
+def test_each_reply_deadline_runs_from_when_its_client_app_started():
+    """Issue 23, item 13: the deadline bounded the whole exchange, so a client queued behind a slow one
+    in the same actor timed out too. The slow one (3 timeouts long) is given up on; the one queued
+    behind it starts late, answers at once, and is kept."""
+    clock = ClientAppClock()
+    transport = FlowerTransport(OneActorGrid(clock, [0.6, 0.0]), on_pushed=lambda nodes: None, clock=clock)
+    replies = transport._send_and_receive([FakeMessage(1), FakeMessage(2)], 0.2)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id-1"]
+
+
+def test_an_actor_held_for_good_stops_the_exchange_with_a_clear_error():
+    """Messages queued for an actor have no deadline of their own, but when nothing started or ended
+    for STALLED_AFTER_TIMEOUTS reply timeouts the run stops instead of hanging, naming the node."""
+    clock = ClientAppClock()
+    transport = FlowerTransport(OneActorGrid(clock, [3600.0, 0.0]), on_pushed=lambda nodes: None, clock=clock)
+    began = time.monotonic()
+    with pytest.raises(SimulationStalled, match=r"held by node\(s\) \[7\]"):
+        transport._send_and_receive([FakeMessage(7), FakeMessage(8)], 0.05)
+    assert time.monotonic() - began >= STALLED_AFTER_TIMEOUTS * 0.05
 
 
 def test_client_actors_run_at_normal_priority_unless_told_otherwise(monkeypatch):
