@@ -60,8 +60,16 @@ NODE_POLICY_HELP = (
 )
 
 
+NODE_STATE_HELP = (
+    "where the simulated nodes keep their private state and their own privacy ledgers (default: the "
+    "run directory's clients/). Point several runs at one directory to simulate the same nodes across "
+    "runs: each node's budget (--node-policy's max-epsilon) then spans all of them"
+)
+
+
 def add_node_policy_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-policy", metavar="POLICY.toml", default=None, help=NODE_POLICY_HELP)
+    parser.add_argument("--node-state", metavar="DIR", default=None, help=NODE_STATE_HELP)
 
 
 TRANSPORT_HELP = (

@@ -66,7 +66,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             run, cfg = _resume_target(args)
         else:
             cfg = prepare(resolve_config(args))
-            run = RunDirectory.create(cfg)
+            run = RunDirectory.create(cfg, state_dir=getattr(args, "node_state", None))
             run.lock()
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
@@ -90,6 +90,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         check_tools()
         check_options(tls=args.tls, auth=args.auth, use_netns=args.netns)
+        if getattr(args, "node_state", None):
+            raise ConfigError(
+                "--node-state places simulated nodes; a deployment's SuperNodes keep their state in their own "
+                "state-dir (deploy/nodes/<n>/state), as their node config says"
+            )
         policy = apply_node_policy(args)
         from common.config import load_toml_values
 
@@ -157,7 +162,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (ConfigError, DataError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    result = compare(cfg, transport=args.transport)
+    result = compare(cfg, transport=args.transport, node_state=getattr(args, "node_state", None))
     print(format_comparison(result))
     return 0 if all("summary" in e for e in result["strategies"]) else 1
 
@@ -216,6 +221,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
         selection_noise=args.selection_noise,
         transport=args.transport,
         num_samples=args.num_samples,
+        node_state=getattr(args, "node_state", None),
     )
     print(format_result(result))
     return 0

@@ -28,9 +28,11 @@ def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
     return core(summary["strategy"]).generator_updates(cfg, summary["steps_completed"])
 
 
-def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict[str, Any]:
+def run_one(
+    cfg: ExperimentConfig, out: Path, name: str, transport: str, node_state: str | Path | None = None
+) -> dict[str, Any]:
     scfg = prepare(cfg.replace(strategy=name, out=str(out / name)))  # each its own --target-epsilon noise
-    run = RunDirectory.create(scfg)
+    run = RunDirectory.create(scfg, state_dir=node_state)
     runner = _run_inprocess if transport == "inprocess" else _run_flower
     _, error = runner(scfg, run, False)
     entry: dict[str, Any] = {"strategy": name, "run_dir": str(run.path)}
@@ -52,14 +54,21 @@ def run_one(cfg: ExperimentConfig, out: Path, name: str, transport: str) -> dict
 
 
 def compare(
-    cfg: ExperimentConfig, *, transport: str = "flower", strategies: tuple[str, ...] = STRATEGY_ORDER
+    cfg: ExperimentConfig,
+    *,
+    transport: str = "flower",
+    strategies: tuple[str, ...] = STRATEGY_ORDER,
+    node_state: str | Path | None = None,
 ) -> dict[str, Any]:
+    """Each method on the same data, seed and nodes' policy. ``node_state``: one place for the
+    simulated nodes of every method (their ledgers then compose the methods' releases, and a node's
+    budget spans them all); default: each method's own run directory (independent worlds)."""
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="compare"))
     out.mkdir(parents=True, exist_ok=False)
     entries = []
     for i, name in enumerate(strategies, 1):
         print(f"[{i}/{len(strategies)}] {name}: running in {out / name}", flush=True)
-        entries.append(run_one(cfg, out, name, transport))
+        entries.append(run_one(cfg, out, name, transport, node_state))
         print(f"[{i}/{len(strategies)}] {name}: {_one_line(entries[-1])}", flush=True)
     finished = [e["summary"] for e in entries if "summary" in e]
     result = {

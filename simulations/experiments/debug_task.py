@@ -88,9 +88,16 @@ def bright_fraction(run: RunDirectory, cfg: ExperimentConfig, num_samples: int) 
 
 
 def debug_task(
-    cfg: ExperimentConfig, *, threshold: float, selection_noise: float, transport: str, num_samples: int = 1000
+    cfg: ExperimentConfig,
+    *,
+    threshold: float,
+    selection_noise: float,
+    transport: str,
+    num_samples: int = 1000,
+    node_state: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run the whole task; returns (and writes) ``debug_task.json``."""
+    """Run the whole task; returns (and writes) ``debug_task.json``. ``node_state``: where the
+    simulated nodes keep their state and ledgers (default: the task's clients/)."""
     if not core(cfg.strategy).ACCEPTS_PRIOR_RELEASES:
         raise ValueError(
             f"the debugging task needs a method that accounts for the selection release made "
@@ -98,7 +105,7 @@ def debug_task(
         )
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
     out.mkdir(parents=True, exist_ok=False)
-    state_dir = out / "clients"
+    state_dir = Path(node_state) if node_state else out / "clients"
     classifier, clf_meta = load_or_train_domain_classifier(
         cfg.dataset,
         data_dir=cfg.data_dir,
