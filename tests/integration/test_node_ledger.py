@@ -125,7 +125,7 @@ def test_an_unreadable_node_ledger_refuses_every_release(tmp_path):
     state = tmp_path / "nodes"
     state.mkdir()
     node_ledger_path(state, 1).write_text("{not json")
-    flags = tiny_flags(num_clients=2, steps=2)
+    flags = tiny_flags(num_clients=2, clients_per_step=2, steps=2)
     main(["simulate", *flags, "--out", str(tmp_path / "run"), "--node-state", str(state)])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["clients"][1]["queries"] == 0
