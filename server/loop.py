@@ -23,6 +23,7 @@ from common.data import num_classes_for
 from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
 
+from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategies import build_strategy
@@ -327,4 +328,5 @@ def _finish(
     )
     summary = summary_document(cfg, report, facts)
     run.write_json("summary.json", summary)
+    write_release(run, cfg, summary, report, strategy.released_generator())
     return summary

@@ -18,6 +18,8 @@ from common.config import ExperimentConfig
 from common.methods import core
 from common.privacy.statement import DO_NOT_PUBLISH, epsilon_meaning
 
+from .release import READERS_PRIVATE
+
 
 @dataclass
 class RunFacts:
@@ -39,6 +41,7 @@ class RunFacts:
 def privacy_document(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str, Any]:
     """privacy.json: every client's ledger and figures, the server's ledger, rules and statement."""
     return {
+        "readers": READERS_PRIVATE,
         "delta": cfg.delta,
         "accountant": cfg.accountant,
         "epsilon_kind": report["epsilon_kind"],
@@ -64,6 +67,7 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
         for c in report["clients"]
     ]
     summary = {
+        "readers": READERS_PRIVATE,
         "strategy": cfg.strategy,
         "status": facts.status,
         "transport": facts.transport,

@@ -6,6 +6,12 @@ on the penultimate features of a classifier trained on the real training split),
 (that classifier, 10 splits), ``gen2real_acc`` / ``real2gen_acc`` (CNN and MLP), each with the
 number of samples used, and the ε summary of the run. Real-data statistics and the classifier are
 computed once and cached under ``<data root>/.fedgan-cache``.
+
+Each figure says which data it was computed from and whether it may be published (``PROVENANCE``):
+the domain classifier (domain FID, IS) and real2gen's classifier are trained on the real *training*
+split, the clients' own data, with no noise and no ledger, so those figures stay in the operator's
+eval.json; the Inception FID (a public network, held-out test images) and gen2real (trained on
+generated data, tested on held-out test images) also go into publish/release.json.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid
 from common.evaluation.report import format_eval_table, write_report
 from common.evaluation.utility import gen2real, real2gen
 from common.models import build_generator, device_of, sample_latent
+from server.release import add_publishable_eval
 from server.reporting import RunDirectory, RunDirectoryError
 
 EVAL_SEED = 2024
@@ -180,6 +187,9 @@ class Evaluator:
             train_x, train_y = _real_subset(self.train, self.n)
             result["gen2real_acc"] = gen2real(images, labels, real_images, real_labels, self.num_classes)
             result["real2gen_acc"] = real2gen(train_x, train_y, images, labels, self.num_classes)
+        for name, (data, publishable) in PROVENANCE.items():
+            if isinstance(result.get(name), dict):
+                result[name].update(data=data, publishable=publishable)
         return result
 
 
@@ -214,6 +224,7 @@ def evaluate_run(
     )
     plots = _plots(run, cfg, summary, result)
     run.write_json("eval.json", result)
+    add_publishable_eval(run, {k: result[k] for k, (_, public) in PROVENANCE.items() if public and k in result})
     write_report(run.path, result, plots)
     return result
 
@@ -299,6 +310,15 @@ def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict
 
 
 METRICS = ("fid", "fid_domain", "inception_score", "gen2real_acc", "real2gen_acc")
+# figure -> (the data it was computed from, whether it may be published beside the generator)
+PRIVATE_TRAIN = "a classifier trained on the real training split: the clients' own data, un-noised and unaccounted"
+PROVENANCE = {
+    "fid": ("the public Inception network on held-out test images", True),
+    "fid_domain": (f"features of {PRIVATE_TRAIN}", False),
+    "inception_score": (PRIVATE_TRAIN, False),
+    "gen2real_acc": ("classifiers trained on generated images, tested on held-out test images", True),
+    "real2gen_acc": (PRIVATE_TRAIN + ", tested on generated images", False),
+}
 
 
 def print_eval(result: dict[str, Any]) -> None:

@@ -30,6 +30,16 @@ def test_evaluate_writes_eval_json_plots_and_report(run_dir, capsys):
         assert set(result[key]) >= {"cnn", "mlp", "num_train", "num_test"}
     assert [p["step"] for p in result["curve"]] == [3, 6]  # the snapshots of --eval-every 3
     assert result["privacy"]["epsilon_max"] == json.loads((run_dir / "summary.json").read_text())["epsilon_max"]
+    # Audit: figures computed from the clients' own training data sat unmarked in publishable reports.
+    private = {
+        k
+        for k in ("fid", "fid_domain", "inception_score", "gen2real_acc", "real2gen_acc")
+        if not result[k]["publishable"]
+    }
+    assert private == {"fid_domain", "inception_score", "real2gen_acc"}
+    assert all("training split" in result[k]["data"] for k in private)
+    published = json.loads((run_dir / "publish" / "release.json").read_text())["eval"]
+    assert set(published) == {"fid", "gen2real_acc"} and published["gen2real_acc"] == result["gen2real_acc"]
     html = (run_dir / "report.html").read_text()
     assert "data:image/png;base64" in html and "domain FID" in html
     for name in ("epsilon_per_client", "training_curves", "epsilon_vs_fid_domain"):
