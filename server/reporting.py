@@ -56,17 +56,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def disk_errors(path: Path, tmp: Path | None = None):
-    """A write that fails leaves the previous file intact (the temporary one is removed) and says
-    which file and why, e.g. "no space left on device writing .../checkpoint.pt (12 KiB free on
-    its file system); the previous version is intact"."""
+def disk_errors(path: Path, tmp: Path | None = None, *, appended: bool = False):
+    """A write that fails leaves the previous file intact (the temporary one, if any, is removed)
+    and says which file and why, e.g. "no space left on device writing .../checkpoint.pt (12 KiB
+    free on its file system); the previous version is intact". ``appended``: written in place."""
     try:
         yield
     except OSError as err:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        raise RunDirectoryError(f"{write_failure(err, path)}; {_what_is_left(path, tmp)}") from err
+        raise RunDirectoryError(f"{write_failure(err, path)}; {_what_is_left(path, appended)}") from err
 
 
 def write_failure(err: OSError, path: Path) -> str:
@@ -86,8 +86,8 @@ def _free_space(folder: Path) -> str:
     return f" ({stats.f_bavail * stats.f_frsize / 1024:,.0f} KiB free on its file system)"
 
 
-def _what_is_left(path: Path, tmp: Path | None) -> str:
-    if tmp is None:  # appended in place (metrics.jsonl): a torn last line is dropped when it is read
+def _what_is_left(path: Path, appended: bool) -> str:
+    if appended:  # metrics.jsonl: a torn last line is dropped when it is read
         return "what it held before is kept"
     return "the previous version is intact" if path.exists() else "no earlier version of it exists"
 
@@ -242,7 +242,7 @@ class RunDirectory:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         line = json.dumps(finite_json(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n"
-        with disk_errors(self.path / "metrics.jsonl"), open(self.path / "metrics.jsonl", "a") as fh:
+        with disk_errors(self.path / "metrics.jsonl", appended=True), open(self.path / "metrics.jsonl", "a") as fh:
             fh.write(line)
 
     def truncate_metrics(self, after_step: int) -> None:
