@@ -281,3 +281,23 @@ def test_the_accountant_option_chooses_the_headline(tmp_path):
     assert summary["accountant"] == "prv" and summary["epsilon_max"] == max(c["epsilon"] for c in queried)
     assert "RDP shown" in summary["epsilon_amplified"]["epsilon_reason"]
     assert "PRV)" in format_summary_table(summary) and "PRV accountant" in summary["privacy_statement"]
+
+
+def test_every_private_folder_says_so_itself(tmp_path):
+    """Issue 23, item 18: a node's state directory (its raw partition, D_k, ledger) was marked only
+    in privacy.json. Each node marks its own (``state-dir`` from its node config, as on a real node
+    or a compose volume) at the hello, and the run marks its clients/ folder."""
+    from common.private_paths import MARKER
+
+    cfg = cfg_for(tmp_path, steps=2)
+    disks = {i: tmp_path / f"node-{i}" for i in range(cfg.num_clients)}
+    transport = InProcessTransport(
+        client_app, 3, node_config=ALLOW_NONPRIVATE, node_configs={i: {"state-dir": str(d)} for i, d in disks.items()}
+    )
+    run, summary = run_inprocess(cfg, transport=transport)
+    assert sum(c["queries"] for c in summary["clients"]) == 2
+    for folder in [run.path / "clients", *disks.values()]:
+        assert "PRIVATE: never publish" in (folder / MARKER).read_text(), folder
+    assert list(tmp_path.glob("node-*/client-*.pt"))  # the state went to the nodes' own disks
+    do_not_publish = json.loads((run.path / "privacy.json").read_text())["do_not_publish"]
+    assert all(p in do_not_publish for p in ("clients/", "deploy/nodes/", "deploy/keys/", "deploy/certs/", MARKER))
