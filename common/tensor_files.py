@@ -35,21 +35,22 @@ class UnsafeFileError(ValueError):
 
 def load_tensors(path: str | Path, *, mmap: bool = False) -> Any:
     """The content of ``path``, tensors and plain data only (on the CPU). A file that names any
-    other class or function is refused with ``UnsafeFileError`` before anything in it runs;
-    other damage raises what torch raises (callers say which file and what to do)."""
+    other class or function is refused with ``UnsafeFileError`` before anything in it runs; other
+    damage raises what torch raises, an UnpicklingError in one line (callers name the file)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        raise UnsafeFileError(
-            f"{path} holds {_named_global(err)}, not only tensors and plain data: refused, since "
-            "loading it could run code (only open files you made yourself with fedgan)"
+        named = re.search(r"GLOBAL ([\w.]+)", str(err))  # torch: "... unsupported GLOBAL posix.system ..."
+        if named:
+            raise UnsafeFileError(
+                f"{path} holds a reference to {named.group(1)}, not only tensors and plain data: refused, "
+                "since loading it could run code (only open files you made yourself with fedgan)"
+            ) from err
+        # Garbage, or a pickle of another kind: refused all the same, in one line instead of torch's ten.
+        detail = next((line.strip() for line in str(err).splitlines() if line.strip().startswith("Unsupported")), "")
+        raise pickle.UnpicklingError(
+            f"not tensors and plain data as fedgan writes them{f' ({detail})' if detail else ''}"
         ) from err
-
-
-def _named_global(err: Exception) -> str:
-    """What the pickle asked for, from torch's message ("... GLOBAL posix.system ..."), in a few words."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(err))
-    return f"a reference to {found.group(1)}" if found else "pickled objects"
 
 
 def save_tensors(obj: Any, path: str | Path) -> None:

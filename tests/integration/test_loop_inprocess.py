@@ -39,8 +39,8 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed["steps_completed"] == 6
     assert [c["queries"] for c in resumed["clients"]] == [c["queries"] for c in straight["clients"]]
     assert resumed["comm"]["bytes_up_total"] == straight["comm"]["bytes_up_total"]
-    a = torch.load(straight_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
-    b = torch.load(part_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    a = torch.load(straight_run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
+    b = torch.load(part_run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
     for key in a["ema"]["module"]:
         assert torch.equal(a["ema"]["module"][key], b["ema"]["module"][key]), key
     lines = (part_run.path / "metrics.jsonl").read_text().splitlines()
@@ -134,7 +134,7 @@ def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
     assert written["epsilon_max"] is None  # σ = 0: unbounded, written as null, never as a number
     torch.manual_seed(cfg.seed)
     g = build_generator("tiny")
-    g.load_state_dict(torch.load(run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]["model"])
+    g.load_state_dict(torch.load(run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["model"])
     z, y = sample_latent(256, 10, generator=torch.Generator().manual_seed(0)), torch.arange(256) % 10
     initial = build_generator("tiny")
     real_mean = load_client_partition(cfg, 0).images.mean().item()

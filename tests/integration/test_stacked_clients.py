@@ -34,7 +34,7 @@ def run(tmp_path, name, handlers=BATCH_HANDLERS, **changes):
     directory = RunDirectory.create(cfg)
     transport = InProcessTransport(client_app, cfg.num_clients, node_config=ALLOW_NONPRIVATE, batch_handlers=handlers)
     summary = run_experiment(cfg, directory, transport, transport_name="inprocess")
-    generator = torch.load(directory.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    generator = torch.load(directory.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
     return summary, generator["ema"]["module"]
 
 
