@@ -289,8 +289,8 @@ class RunDirectory:
         path = self.path / CHECKPOINT
         if not path.exists():
             raise RunDirectoryError(
-                f"{path} does not exist: nothing to resume (the run stopped "
-                "before its first checkpoint; start it again)"
+                f"{path} does not exist: nothing to resume (the run stopped before its first checkpoint, "
+                "which is written before any client releases anything; start it again with another --out)"
             )
         try:
             return load_tensors(path)
