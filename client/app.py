@@ -14,6 +14,7 @@ saying why, what the policy does not allow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from flwr.app import ConfigRecord, Context, Message
@@ -36,6 +37,7 @@ from common.messages import (
     LedgerReply,
 )
 from common.methods import METHODS, adapter
+from common.private_paths import CLIENT_STATE, mark_private
 from protos import wire
 
 from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal
@@ -73,6 +75,8 @@ def handle_hello(message: Message, context: Context) -> Message:
         if STATE_KEY in context.state:
             del context.state[STATE_KEY]  # no query of this run will be answered
         return wire.reply(HelloReply(client_id=cid, refused=True, reason=refusal), message)
+    with contextlib.suppress(OSError):  # a folder that cannot take the marker fails at the first save, clearly
+        mark_private(state_dir, CLIENT_STATE)
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
     context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir, "version": version})
     return wire.reply(_ledger_summary(cfg, cid, state_dir, version), message)

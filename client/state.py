@@ -21,7 +21,6 @@ network again.
 from __future__ import annotations
 
 import copy
-import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from common.data import ClientData, client_arrays, client_data_from_arrays, num_
 from common.device import resolve_device
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
+from common.tensor_files import load_tensors, save_tensors
 
 CACHE_SIZE = 32
 STATE_FORMAT = "fedgan.client_state/2"  # files without "format" are version 1 (no stored partition)
@@ -85,10 +85,8 @@ def save_state(state: ClientState, state_dir: str | Path) -> None:
     """Write atomically: a crash mid-write leaves the previous file intact."""
     path = state_path(state_dir, state.client_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     with _one_intraop_thread():
-        torch.save(_blob(state), tmp)
-    os.replace(tmp, path)
+        save_tensors(_blob(state), path)
     _remember(str(state_dir), state)
 
 
@@ -136,7 +134,7 @@ def _packed_data(state: ClientState) -> dict[str, Any]:
 def _read_blob(path: Path, client_id: int, *, mmap: bool = False) -> dict[str, Any]:
     """The file's content, or a clear error naming the file and what to do."""
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        blob = load_tensors(path, mmap=mmap)
         if int(blob["client_id"]) != client_id:
             raise ValueError(f"it holds client {blob['client_id']}, not {client_id}")
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user

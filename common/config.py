@@ -12,6 +12,7 @@ naming the field and the value. ``config.json`` holds exactly these fields, sort
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import tomllib
 from collections.abc import Mapping
@@ -34,6 +35,9 @@ MODELS = ("tiny", "small", "paper")
 DATAPLANES = ("grpc", "flower")
 ACCOUNTANTS = ("rdp", "prv")
 MAX_CLIENTS = 1_000_000  # a ledger and a partition per client; ~300x federated EMNIST's 3,400
+# A noise a million times the sensitivity: ε is at the accountant's floor from ~1e5 on, and beyond
+# ~1e7 its arithmetic breaks down (1e8 raised mid-report, 1e308 overflowed after the releases).
+MAX_NOISE_MULTIPLIER = 1e6
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,9 @@ class RunOptions:
         0.0,
         "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
         "planned steps (gswgan, dp-merf: per-client, also sets the client budget; dpgan: example-level; "
-        "fedavg-gan: trusted-server user-level); 0: use the configured noise",
+        "fedavg-gan: trusted-server user-level); 0: use the configured noise. It sets the noise "
+        "multiplier itself: giving a noise multiplier too (flag or TOML key) is refused; in Flower's "
+        "run_config, where every key has a value, the target wins",
     )
     # --- accounting ----------------------------------------------------------------------------
     accountant: str = option(
@@ -267,7 +273,9 @@ class _Config:
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> ExperimentConfig:
+        """The file's values, with ``overrides`` (the command line's flags) on top."""
         values = load_toml_values(path)
+        refuse_noise_with_target({str(path): values, "command line": overrides})
         values.update(overrides)
         return cls.from_mapping(values, source=str(path))
 
@@ -318,6 +326,33 @@ def load_toml_values(path: str | Path) -> dict[str, Any]:
             "ignored; move them into it"
         )
     return dict(data["experiment"])
+
+
+@functools.cache
+def noise_fields() -> tuple[str, ...]:
+    """Every method's noise multiplier (``noise_multiplier``, ``dpgan_noise_multiplier``, ...): what
+    ``target_epsilon`` calibrates (``fedgan compare`` calibrates each method's own)."""
+    return tuple(f.name for f in fields(ExperimentConfig) if f.name.endswith("noise_multiplier"))
+
+
+def refuse_noise_with_target(layers: Mapping[str, Mapping[str, Any]]) -> None:
+    """ConfigError when the user gave ``target_epsilon`` (> 0) and a noise multiplier: the calibrated
+    noise would silently replace the one typed, so neither is guessed to win. ``layers``: where the
+    values came from (a TOML file, the command line) -> the keys given there, dash or underscore form.
+    Not applied to config.json or Flower's run_config, which hold every key (the target wins there)."""
+    given = {
+        key.replace("-", "_"): (source, value) for source, values in layers.items() for key, value in values.items()
+    }
+    target = given.get("target_epsilon")
+    if target is None or not isinstance(target[1], (int, float)) or target[1] <= 0:
+        return
+    for name in noise_fields():
+        if name in given:
+            (t_source, t_value), (n_source, n_value) = target, given[name]
+            raise ConfigError(
+                f"target_epsilon={t_value!r} ({t_source}) and {name}={n_value!r} ({n_source}) are both given: "
+                "target-epsilon calibrates the noise multiplier itself; give one or the other"
+            )
 
 
 def field_help(name: str) -> str:
@@ -385,6 +420,7 @@ def _validate(c: ExperimentConfig) -> None:
         "must be >= 1",
     )
     check(c.num_clients <= MAX_CLIENTS, "num_clients", c.num_clients, f"must be at most {MAX_CLIENTS:,}")
+    check_all(c, noise_fields(), lambda v: v <= MAX_NOISE_MULTIPLIER, f"must be at most {MAX_NOISE_MULTIPLIER:g}")
     check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")

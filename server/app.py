@@ -6,6 +6,7 @@ A run that does not complete raises, so Flower marks the run as failed rather th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 from common.config import ExperimentConfig
 
 from .loop import run_experiment
-from .reporting import FAILURE_FILE, RunDirectory
+from .reporting import FAILURE_FILE, RunDirectory, RunDirectoryError
 from .summary import print_summary
 from .transport import FlowerTransport, RuntimeClock
 
@@ -96,7 +97,8 @@ def main(grid: Grid, context: Context) -> None:
     except Exception as err:
         # Whoever started the run (`fedgan deploy`, a user reading the run directory) learns why
         # without digging through `flwr log`: e.g. which node's privacy policy refused the run.
-        run.write_text(FAILURE_FILE, f"{type(err).__name__}: {err}\n")
+        with contextlib.suppress(RunDirectoryError):  # a full disk: the error itself still reaches Flower
+            run.write_text(FAILURE_FILE, f"{type(err).__name__}: {err}\n")
         raise
     print_summary(summary)
     if summary["status"] != "completed":

@@ -9,6 +9,7 @@ nobody is left to ask.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -51,6 +52,9 @@ class LoopState:
     # A note's shape (digits masked) -> [times seen, its first wording]: the same note for the 290th
     # client is counted, not printed (a --target-epsilon run's budget refusals).
     repeats: dict[str, list] = field(default_factory=dict)
+    # The first write to the run directory that failed (a full or read-only disk): the run stops,
+    # still fetches the ledgers and writes privacy.json if it can, then raises it.
+    write_error: RunDirectoryError | None = None
 
 
 def run_experiment(
@@ -80,6 +84,8 @@ def run_experiment(
     state.comm.add_control(greeting.bytes_down, greeting.bytes_up)
     allowed = set(cfg.participants())
     nodes = [n for n in nodes if strategy.node_client[n] in allowed]
+    if not resume:  # before any release: whatever fails later, the run can be resumed from here
+        _first_checkpoint(run, strategy, state)
     status = _train(cfg, run, transport, strategy, state, nodes, stop or threading.Event())
     queried = {cid for cid, sent in state.comm.down.items() if sent > 0}
     notes, cost = fetch_ledgers(
@@ -87,7 +93,16 @@ def run_experiment(
     )
     state.notes.extend(notes)
     state.comm.add_control(*cost)
-    return _finish(cfg, run, strategy, state, status, transport_name)
+    return _finish_or_raise(cfg, run, strategy, state, status, transport_name)
+
+
+def _first_checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
+    try:
+        _checkpoint(run, strategy, state)
+    except RunDirectoryError as err:
+        raise RunDirectoryError(
+            f"{err}: the run stopped before any client released anything; start it again with another --out"
+        ) from err
 
 
 def _restore(run: RunDirectory, strategy: Strategy) -> LoopState:
@@ -153,12 +168,23 @@ def _train(
             _report_progress(cfg, run, state)
     except KeyboardInterrupt:
         status = "interrupted"
+    except RunDirectoryError as err:  # a full or read-only disk: stop here, keep what is written
+        state.write_error = err
     finally:
         bar.close()
         state.wall_s = base_wall + time.monotonic() - started
+        _save_at_end(cfg, run, strategy, state)
+    return f"failed: {state.write_error}" if state.write_error else status
+
+
+def _save_at_end(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState) -> None:
+    """The last checkpoint and progress.json. After a failed write this is tried once more (removing
+    the failed temporary file may have made room); a failure is kept in ``state``, the first one wins."""
+    try:
         _checkpoint(run, strategy, state)
         _report_progress(cfg, run, state, final=True)
-    return status
+    except RunDirectoryError as err:
+        state.write_error = state.write_error or err
 
 
 def _report_progress(cfg: ExperimentConfig, run: RunDirectory, state: LoopState, *, final: bool = False) -> None:
@@ -299,10 +325,48 @@ def _checkpoint(run: RunDirectory, strategy: Strategy, state: LoopState) -> None
     )
 
 
+def _finish_or_raise(
+    cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str, transport_name: str
+) -> dict[str, Any]:
+    """``_finish``; after a failed write, its RunDirectoryError once privacy.json is written. When a
+    report cannot be written, an older one left by an earlier part of the run (whose ε would
+    understate what the clients spent since) is removed, and the error says so."""
+    before = _report_stamps(run)
+    try:
+        summary = _finish(cfg, run, strategy, state, status, transport_name)
+    except RunDirectoryError as err:
+        stale = [name for name, stamp in before.items() if stamp is not None and _report_stamps(run)[name] == stamp]
+        for name in stale:
+            with contextlib.suppress(OSError):
+                (run.path / name).unlink()
+        removed = f"; the older {' and '.join(stale)} (which would understate it) removed" if stale else ""
+        first = f"{state.write_error}; then " if state.write_error else ""
+        raise RunDirectoryError(
+            f"{first}{err}{removed}: the clients' ledgers in {run.state_dir} hold what they spent"
+        ) from err
+    if state.write_error is not None:
+        raise state.write_error
+    return summary
+
+
+REPORTS = ("privacy.json", "summary.json")
+
+
+def _report_stamps(run: RunDirectory) -> dict[str, int | None]:
+    """Each report's modification time (ns), None when absent: a rewritten report has a new one."""
+    stamps: dict[str, int | None] = {}
+    for name in REPORTS:
+        try:
+            stamps[name] = (run.path / name).stat().st_mtime_ns
+        except OSError:
+            stamps[name] = None
+    return stamps
+
+
 def _finish(
     cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str, transport_name: str
 ) -> dict[str, Any]:
-    """privacy.json, the last sample grid, summary.json (returned)."""
+    """privacy.json, summary.json (returned), the last sample grid."""
     for line in repeat_notes(state):
         tqdm.write(line)
         state.notes.append(line)
@@ -311,8 +375,6 @@ def _finish(
     if cfg.public_data and report.get("statement"):  # what the user declared public, whatever the method
         report["statement"] += " " + public_data_sentence(cfg)
     run.write_json("privacy.json", privacy_document(cfg, report))
-    if state.step > 0:
-        run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
     facts = RunFacts(
         status=status,
         transport=transport_name,
@@ -328,5 +390,8 @@ def _finish(
     )
     summary = summary_document(cfg, report, facts)
     run.write_json("summary.json", summary)
-    write_release(run, cfg, summary, report, strategy.released_generator())
+    if state.step > 0 and state.write_error is None:  # after the reports: they matter more than a picture
+        run.save_samples(strategy.released_generator(), state.step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
+    if state.write_error is None:  # what may be published, beside the operator's reports
+        write_release(run, cfg, summary, report, strategy.released_generator())
     return summary

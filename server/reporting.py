@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from PIL import Image
 from common.config import ExperimentConfig
 from common.evaluation.grids import tile_images
 from common.models import device_of, sample_latent
+from common.private_paths import CLIENT_STATE, mark_private
+from common.tensor_files import UnsafeFileError, load_tensors, save_tensors
 
 CHECKPOINT = "checkpoint.pt"
 FAILURE_FILE = "failure.txt"  # why a run started by `flwr run` failed (the ServerApp writes it)
@@ -39,7 +42,8 @@ class RunDirectoryError(RuntimeError):
 def next_run_dir(root: str | Path, cfg: ExperimentConfig) -> Path:
     """``root/NNNNN-<strategy>-<dataset>`` with NNNNN one above the highest number present."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    with _unwritable(root, "the runs folder (or give --out)"):
+        root.mkdir(parents=True, exist_ok=True)
     numbers = [int(m.group(1)) for p in root.iterdir() if (m := re.match(r"(\d{5})-", p.name))]
     return root / f"{max(numbers, default=-1) + 1:05d}-{cfg.strategy}-{cfg.dataset}"
 
@@ -52,16 +56,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def disk_errors(path: Path, tmp: Path):
-    """A write that fails leaves the previous file intact (the temporary one is removed) and says
-    which file and why, e.g. "no space left on device writing .../checkpoint.pt"."""
+def disk_errors(path: Path, tmp: Path | None = None, *, appended: bool = False):
+    """A write that fails leaves the previous file intact (the temporary one, if any, is removed)
+    and says which file and why, e.g. "no space left on device writing .../checkpoint.pt (12 KiB
+    free on its file system); the previous version is intact". ``appended``: written in place."""
     try:
         yield
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        why = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
-        raise RunDirectoryError(f"{why} writing {path}; the previous version is intact") from err
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise RunDirectoryError(f"{write_failure(err, path)}; {_what_is_left(path, appended)}") from err
+
+
+def write_failure(err: OSError, path: Path) -> str:
+    """Why writing ``path`` failed, in words: a full disk says how much room is left where."""
+    if err.errno == errno.ENOSPC:
+        return f"no space left on device writing {path}{_free_space(path.parent)}"
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {path} ({err.strerror}): use a writable directory"
+    return f"{err.strerror or err} writing {path}"
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return ""
+    return f" ({stats.f_bavail * stats.f_frsize / 1024:,.0f} KiB free on its file system)"
+
+
+def _what_is_left(path: Path, appended: bool) -> str:
+    if appended:  # metrics.jsonl: a torn last line is dropped when it is read
+        return "what it held before is kept"
+    return "the previous version is intact" if path.exists() else "no earlier version of it exists"
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -78,6 +106,12 @@ def finite_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
     return obj
+
+
+def first_line(err: BaseException) -> str:
+    """A short reason: torch's own message for a file that is not a checkpoint runs to ten lines."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 def _json_default(obj: Any) -> Any:
@@ -109,6 +143,25 @@ def check_new_run_dir(path: Path) -> None:
         )
 
 
+def check_writable(path: Path, what: str) -> None:
+    """Fail now, not after the work, when ``path`` (made if missing) cannot take a file: a real write
+    attempt, since root ignores permission bits and only the write itself tells a read-only mount."""
+    with _unwritable(path, what):
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".fedgan-write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+
+
+@contextlib.contextmanager
+def _unwritable(path: Path, what: str):
+    """An OSError while making or writing ``path`` as a RunDirectoryError naming it and ``what`` it is for."""
+    try:
+        yield
+    except OSError as err:
+        raise RunDirectoryError(f"cannot write to {path} ({err.strerror or err}): {what}") from err
+
+
 _HELD_LOCKS: dict[Path, Any] = {}  # run directory -> the open, locked file (held until the process exits)
 LOCK_FILE = ".lock"
 RESUME_KEYS = ("strategy", "step", "wall_s", "comm")
@@ -124,7 +177,8 @@ class RunDirectory:
         interleave checkpoints and lose ledger entries, so a second one is refused, naming the holder."""
         if self.path in _HELD_LOCKS:
             return
-        handle = open(self.path / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's lifetime
+        with _unwritable(self.path, "a run directory must be writable to be continued (copy it somewhere writable)"):
+            handle = open(self.path / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's lifetime
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -154,8 +208,11 @@ class RunDirectory:
         path = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg)
         check_new_run_dir(path)
         run = cls(path)
-        (run.path / "samples").mkdir(parents=True, exist_ok=True)
-        (run.path / "clients").mkdir(exist_ok=True)
+        with _unwritable(run.path, "choose a writable --out"):
+            (run.path / "samples").mkdir(parents=True, exist_ok=True)
+            mark_private(run.path / "clients", CLIENT_STATE)  # empty in a deployment: each node keeps its own
+            if state_dir is not None:
+                mark_private(state_dir, CLIENT_STATE)
         atomic_write_json(run.path / "config.json", cfg.to_dict())
         if state_dir is not None:
             atomic_write_bytes(run.path / STATE_DIR_FILE, str(Path(state_dir).resolve()).encode())
@@ -184,8 +241,9 @@ class RunDirectory:
         return Path(shared.read_text().strip()) if shared.exists() else self.path / "clients"
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(finite_json(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n")
+        line = json.dumps(finite_json(record), sort_keys=True, default=_json_default, allow_nan=False) + "\n"
+        with disk_errors(self.path / "metrics.jsonl", appended=True), open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(line)
 
     def truncate_metrics(self, after_step: int) -> None:
         """On resume, drop metric lines written after the checkpoint being resumed."""
@@ -214,10 +272,8 @@ class RunDirectory:
         return lines
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        tmp = self.path / (CHECKPOINT + ".tmp")
-        with disk_errors(self.path / CHECKPOINT, tmp):
-            torch.save(state, tmp)
-            os.replace(tmp, self.path / CHECKPOINT)
+        with disk_errors(self.path / CHECKPOINT):
+            save_tensors(state, self.path / CHECKPOINT)
 
     def resumable_checkpoint(self) -> dict[str, Any]:
         """The checkpoint, checked to hold what a resume needs (a clear error otherwise)."""
@@ -233,23 +289,33 @@ class RunDirectory:
         path = self.path / CHECKPOINT
         if not path.exists():
             raise RunDirectoryError(
-                f"{path} does not exist: nothing to resume (the run stopped "
-                "before its first checkpoint; start it again)"
+                f"{path} does not exist: nothing to resume (the run stopped before its first checkpoint, "
+                "which is written before any client releases anything; start it again with another --out)"
             )
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as err:  # noqa: BLE001
-            raise RunDirectoryError(f"{path} is corrupt ({err}); it cannot be resumed") from err
+            return load_tensors(path)
+        except UnsafeFileError as err:
+            raise RunDirectoryError(str(err)) from err
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the same failure for the user
+            raise RunDirectoryError(f"{path} is corrupt ({first_line(err)}); it cannot be read") from err
 
     def save_snapshot(self, step: int, generator_state: dict, privacy: dict[str, float]) -> Path:
         """``snapshots/step-XXXXXX.pt``: the released generator at ``step`` and ε spent by then."""
         folder = self.path / "snapshots"
         folder.mkdir(exist_ok=True)
         path = folder / f"step-{step:06d}.pt"
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"step": step, "generator": generator_state, "privacy": privacy}, tmp)
-        os.replace(tmp, path)
+        with disk_errors(path):
+            save_tensors({"step": step, "generator": generator_state, "privacy": privacy}, path)
         return path
+
+    def load_snapshot(self, path: Path) -> dict[str, Any]:
+        """A snapshot's content (tensors and plain data only; a clear error naming it otherwise)."""
+        try:
+            return load_tensors(path)
+        except UnsafeFileError as err:
+            raise RunDirectoryError(str(err)) from err
+        except Exception as err:  # noqa: BLE001 - any unreadable snapshot is the same failure for the user
+            raise RunDirectoryError(f"snapshot {path} is corrupt ({first_line(err)}); delete it or rerun") from err
 
     def snapshots(self) -> list[Path]:
         folder = self.path / "snapshots"
@@ -275,8 +341,9 @@ class RunDirectory:
         grid = sample_grid(generator, num_classes=num_classes, z_dim=z_dim, per_class=per_class, seed=seed)
         path = self.path / "samples" / f"step-{step:06d}.png"
         buf = path.with_name(path.name + ".tmp")
-        Image.fromarray(grid).save(buf, format="PNG")
-        os.replace(buf, path)
+        with disk_errors(path, buf):
+            Image.fromarray(grid).save(buf, format="PNG")
+            os.replace(buf, path)
         return path
 
 

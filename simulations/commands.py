@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from common.calibration import prepare
-from common.config import ConfigError, ExperimentConfig
+from common.config import ConfigError, ExperimentConfig, refuse_noise_with_target
 
 EXIT_BAD_INPUT = 2
 RESUMABLE_OVERRIDES = {
@@ -53,6 +53,7 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
     given = {k: v for k, v in vars(args).items() if k in names}
     if getattr(args, "config", None):
         return ExperimentConfig.from_toml(args.config, **given)
+    refuse_noise_with_target({"command line": given})
     return ExperimentConfig.from_mapping(given, source="command line")
 
 
@@ -82,7 +83,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from common.data import DataError
-    from server.reporting import RunDirectoryError, check_new_run_dir
+    from server.reporting import RunDirectoryError, check_new_run_dir, check_writable
 
     from .deploy.local import DeployError, check_options, check_tools
     from .deploy.run import deploy_local
@@ -104,6 +105,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         cfg = prepare(resolve_config(args))
         if cfg.out:  # the ServerApp makes the run directory; fail before starting any process
             check_new_run_dir(Path(cfg.out))
+        check_writable(Path(cfg.out or "runs"), "choose a writable --out")
     except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -150,8 +152,9 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from common.data import DataError, check_partition_sizes
+    from server.reporting import RunDirectoryError
 
-    from .experiments.compare import STRATEGY_ORDER, compare, format_comparison
+    from .experiments.compare import STRATEGY_ORDER, check_new_compare_dir, compare, format_comparison
 
     try:
         apply_node_policy(args)
@@ -159,7 +162,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_partition_sizes(cfg)
         for name in STRATEGY_ORDER:  # every strategy's own checks now, not after the others trained
             prepare(cfg.replace(strategy=name))
-    except (ConfigError, DataError, ValueError) as err:
+        if cfg.out:
+            check_new_compare_dir(Path(cfg.out))
+    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     result = compare(cfg, transport=args.transport, node_state=getattr(args, "node_state", None))

@@ -6,11 +6,15 @@ the tiny model, a handful of samples); tests change what they are about and keep
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from common.codec import GsQuery, samples_per_query
 from common.config import ExperimentConfig
@@ -80,3 +84,67 @@ def wait_until(condition: Callable[[], object], *, timeout_s: float, what: str, 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
         time.sleep(every_s)
+
+
+# --- disks that fail for real --------------------------------------------------------------------
+# Root ignores permission bits, so "read-only" and "full" are made with mounts where that is allowed
+# (a read-only bind mount, a small tmpfs); elsewhere read-only falls back to chmod, which a non-root
+# process obeys, and a test needing a real full disk is skipped (a patched variant runs everywhere).
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".probe").write_text("x")
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[str]:
+    """``folder`` (which exists) refuses writes for real while inside; yields how ("mount" or "chmod")."""
+    if _mount("--bind", str(folder), str(folder)):
+        try:
+            if not _mount("-o", "remount,bind,ro", str(folder)):
+                pytest.skip("cannot remount a bind mount read-only here")
+            yield "mount"
+        finally:
+            subprocess.run(["umount", str(folder)], check=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")] if not p.is_symlink()}
+    for p in modes:
+        p.chmod(modes[p] & ~0o222)
+    try:
+        if _writable(folder):
+            pytest.skip("neither a read-only mount nor chmod stops writes here")
+        yield "chmod"
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted on ``folder`` (made if missing); skipped where mounts are not allowed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not _mount("-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(folder)):
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill_disk(folder: Path, leave_bytes: int) -> Path:
+    """A file that takes all but ``leave_bytes`` of the free space of ``folder``'s file system."""
+    stats = os.statvfs(folder)
+    filler = folder / "filler.bin"
+    with open(filler, "wb") as fh:
+        fh.truncate(0)
+        fh.write(b"\0" * max(0, stats.f_bavail * stats.f_frsize - leave_bytes))
+    return filler

@@ -16,7 +16,6 @@ makes the target the curator's budget, so an adaptive n_D that outgrows the plan
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.node_ledger import pooled_event
 from common.public_warmup import pretrain_gan, public_batch
+from common.tensor_files import load_tensors, save_tensors
 
 if TYPE_CHECKING:  # a type only: common.config composes this module's options
     from common.config import ExperimentConfig
@@ -459,9 +459,7 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "group_bounds": getattr(node.trainer.optimizer, "bounds", None),
         **_classifier_blob(node),
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
+    save_tensors(blob, path)
     _NODES[str(state_dir)] = node
 
 
@@ -482,7 +480,7 @@ def load_ledger(state_dir: str | Path) -> PrivacyLedger:
     path = node_path(state_dir)
     if not path.exists():
         return PrivacyLedger()
-    return PrivacyLedger.from_state_dict(torch.load(path, map_location="cpu", weights_only=False)["ledger"])
+    return PrivacyLedger.from_state_dict(load_tensors(path)["ledger"])
 
 
 def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> DpganNode:
@@ -493,7 +491,7 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
     node = new_node(cfg)
     path = node_path(state_dir)
     if path.exists():
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        blob = load_tensors(path)
         node.trainer.D.load_state_dict(blob["D"])
         node.trainer.optimizer.original_optimizer.load_state_dict(blob["d_opt"])
         node.generator.load_state_dict(blob["G"])

@@ -67,7 +67,10 @@ WEAK_GUARANTEE_EPSILON = 10.0
 DO_NOT_PUBLISH = (
     "Release only the generator (checkpoint.pt's released_generator, samples/, reports). Never publish "
     "clients/: in a simulation it holds every client's raw partition, its un-noised discriminator and "
-    "optimizer state, and its ledger; on a real node that is the node's own disk."
+    "optimizer state, and its ledger; on a real node that is the node's own disk (its state-dir). "
+    "After `fedgan deploy --local`, never publish deploy/nodes/ (each node's disk, the same content), "
+    "deploy/keys/ (the SuperNodes' private keys) or deploy/certs/ (the CA's and the server's private "
+    "keys). Each of these folders holds a DO_NOT_PUBLISH.txt saying so."
 )
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.private_paths import CLIENT_STATE, mark_private
+
 from . import netns, pki
 from .processes import spawn, terminate
 from .wire_relay import WireRelay
@@ -36,6 +38,12 @@ from .wire_relay import WireRelay
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTION = "fedgan-local"
 FINISHED = "finished:"
+
+
+# What deploy/'s private folders hold (each gets a DO_NOT_PUBLISH.txt saying so).
+NODE_DISKS = "each SuperNode's own disk (nodes/<i>/state/): " + CLIENT_STATE
+NODE_KEYS = "the SuperNodes' private keys (SuperNode authentication)"
+CA_KEYS = "the private keys of this deployment's certificate authority and of its servers (TLS)"
 
 
 class DeployError(RuntimeError):
@@ -151,8 +159,10 @@ class LocalDeployment:
         check_options(tls=self.tls, auth=self.auth, use_netns=self.use_netns)
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
+        mark_private(self.workdir / "nodes", NODE_DISKS)
         hosts = [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
         if self.tls:
+            mark_private(self.workdir / "certs", CA_KEYS)  # before the keys exist
             self.tls_files = pki.make_tls(
                 self.workdir / "certs", hosts=["localhost", "127.0.0.1"] + [h.host_ip for h in hosts]
             )
@@ -197,6 +207,7 @@ class LocalDeployment:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def _register_keys(self) -> list[pki.NodeKey]:
+        mark_private(self.workdir / "keys", NODE_KEYS)
         keys = []
         for i in range(self.num_nodes):
             key = pki.make_node_key(self.workdir / "keys", f"supernode-{i}")
@@ -218,7 +229,7 @@ class LocalDeployment:
         target = ("127.0.0.1", self.port)
         relay = WireRelay(host.host_ip if host else "127.0.0.1", target)
         state_dir = self.workdir / "nodes" / str(index) / "state"
-        state_dir.mkdir(parents=True, exist_ok=True)
+        mark_private(state_dir, CLIENT_STATE)
         node_config = f"partition-id={partition} num-partitions={self.num_nodes} state-dir='{state_dir}'"
         if self.node_policy is not None:
             node_config += f" privacy-policy='{self.node_policy}'"

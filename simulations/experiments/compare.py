@@ -16,7 +16,7 @@ from common.calibration import prepare
 from common.config import ExperimentConfig
 from common.evaluation.plots import plot_bytes_per_step
 from common.methods import METHODS, core
-from server.reporting import RunDirectory, atomic_write_json, next_run_dir
+from server.reporting import RunDirectory, RunDirectoryError, atomic_write_json, check_writable, next_run_dir
 
 from .simulate import _run_flower, _run_inprocess
 
@@ -64,7 +64,7 @@ def compare(
     simulated nodes of every method (their ledgers then compose the methods' releases, and a node's
     budget spans them all); default: each method's own run directory (independent worlds)."""
     out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="compare"))
-    out.mkdir(parents=True, exist_ok=False)
+    check_new_compare_dir(out)
     entries = []
     for i, name in enumerate(strategies, 1):
         print(f"[{i}/{len(strategies)}] {name}: running in {out / name}", flush=True)
@@ -83,6 +83,17 @@ def compare(
         result["bytes_plot"] = str(plot_bytes_per_step(finished, out / "bytes_per_step.png"))
     atomic_write_json(out / "comparison.json", result)
     return result
+
+
+def check_new_compare_dir(out: Path) -> None:
+    """``out`` may receive a new comparison: it does not exist or is an empty folder, and a file can
+    be written there (it is made if missing). Checked before any training, not after the first run."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunDirectoryError(
+            f"--out {out} already exists: fedgan compare makes a new directory (one run per method inside it); "
+            "choose another --out"
+        )
+    check_writable(out, "choose a writable --out")
 
 
 def _one_line(entry: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from common.evaluation.report import format_eval_table, write_report
 from common.evaluation.utility import gen2real, real2gen
 from common.models import build_generator, device_of, sample_latent
 from server.release import add_publishable_eval
-from server.reporting import RunDirectory, RunDirectoryError
+from server.reporting import RunDirectory, RunDirectoryError, check_writable
 
 EVAL_SEED = 2024
 # The synthetic set's evaluation data come from at most this many of the run's writers (60,000
@@ -204,6 +205,9 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluate the run in ``path``; writes eval.json, plots/ and report.html; returns eval.json."""
     run, cfg = RunDirectory.open_existing(path)
+    check_writable(
+        run.path, "evaluate writes eval.json, plots/ and report.html there (copy the run somewhere writable)"
+    )
     summary = _read_summary(run)
     ckpt = run.load_checkpoint()
     if "released_generator" not in ckpt:
@@ -240,10 +244,55 @@ def _read_summary(run: RunDirectory) -> dict[str, Any]:
     missing = [k for k in SUMMARY_KEYS if not isinstance(summary, dict) or k not in summary]
     if missing:
         raise RunDirectoryError(f"{path} is incomplete (no {', '.join(missing)}): resume or rerun the run")
+    wrong = _malformed_summary_field(summary)
+    if wrong:
+        raise RunDirectoryError(f"{path} is malformed: {wrong}; resume or rerun the run")
     return summary
 
 
 SUMMARY_KEYS = ("clients", "steps_completed", "epsilon_max", "delta")
+
+
+def _malformed_summary_field(summary: dict[str, Any]) -> str:
+    """The first field evaluation relies on that has the wrong type, in words ("" when none).
+
+    First the schema (``RunSummary`` in protos/fedgan.proto), then what JSON itself must hold for
+    the figures and plots computed from it: protobuf's JSON also takes "5" for an integer and
+    "NaN" for a number, which arithmetic does not."""
+    from google.protobuf import json_format
+
+    from protos import fedgan_pb2
+
+    try:
+        json_format.ParseDict(summary, fedgan_pb2.RunSummary(), ignore_unknown_fields=True)
+    except json_format.ParseError as err:
+        return str(err).splitlines()[0][:300]
+    if not isinstance(summary["clients"], list):  # null passes the schema as an empty list
+        return f"clients is {summary['clients']!r}, not a list of client objects"
+    checks = [("steps_completed", summary["steps_completed"], _is_count), ("delta", summary["delta"], _is_number)]
+    checks.append(("epsilon_max", summary["epsilon_max"], _is_number_or_null))
+    for i, client in enumerate(summary["clients"]):
+        checks.append((f"clients[{i}].queries", client.get("queries", 0), _is_count))
+        checks += [(f"clients[{i}].{k}", client.get(k), _is_number_or_null) for k in CLIENT_NUMBERS]
+    return next((f"{name} is {value!r}, not {kind.__doc__}" for name, value, kind in checks if not kind(value)), "")
+
+
+CLIENT_NUMBERS = ("epsilon", "epsilon_rdp", "epsilon_prv", "bytes_down", "bytes_up")
+
+
+def _is_count(value: Any) -> bool:
+    """an integer >= 0"""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    """a finite number"""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_number_or_null(value: Any) -> bool:
+    """a finite number or null"""
+    return value is None or _is_number(value)
 
 
 def _privacy_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -258,10 +307,10 @@ def _snapshot_curve(
     """ε vs quality over the run's snapshots (domain FID each; Inception FID only at the end)."""
     points = []
     for path in run.snapshots():
+        snap = run.load_snapshot(path)
         try:
-            snap = torch.load(path, map_location="cpu", weights_only=False)
             state, step, eps = snap["generator"], snap["step"], snap["privacy"]["epsilon_max"]
-        except Exception as err:  # noqa: BLE001 - any unreadable snapshot is the same failure for the user
+        except (KeyError, TypeError) as err:
             raise RunDirectoryError(f"snapshot {path} is corrupt ({type(err).__name__}); delete it or rerun") from err
         gen = load_generator(cfg, state, path)
         images, _ = generate(gen, evaluator.n, num_classes=evaluator.num_classes, z_dim=cfg.z_dim)

@@ -38,14 +38,30 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         if isinstance(error, NodeRefused):  # nothing was released: the configuration is the problem
             print(f"fedgan: error: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        print(f"fedgan: the run failed: {type(error).__name__}: {error}", file=sys.stderr)
-        print(f"run directory (checkpoint kept): {run.path}", file=sys.stderr)
+        print(f"fedgan: the run failed: {_reason(error)}", file=sys.stderr)
+        print(checkpoint_note(run), file=sys.stderr)
         return EXIT_FAILED
     print_summary(summary)
     if summary["status"] == "completed":
         return evaluate_at_end(cfg, run) if cfg.eval else EXIT_COMPLETED
     print(f"fedgan: run not completed: {summary['status']} (resume with --resume {run.path})", file=sys.stderr)
     return EXIT_INTERRUPTED if summary["status"] == "interrupted" else EXIT_STOPPED
+
+
+def _reason(error: BaseException) -> str:
+    """The error in a line; a run directory's own errors need no type name, they say what failed."""
+    from server.reporting import RunDirectoryError
+
+    return str(error) if isinstance(error, RunDirectoryError) else f"{type(error).__name__}: {error}"
+
+
+def checkpoint_note(run: RunDirectory) -> str:
+    """What is left to resume after a failed run: the checkpoint, or why there is none."""
+    from server.reporting import CHECKPOINT
+
+    if (run.path / CHECKPOINT).is_file():
+        return f"run directory (checkpoint kept; once the cause is fixed, --resume {run.path}): {run.path}"
+    return f"run directory (no checkpoint was written, nothing to resume; start again with another --out): {run.path}"
 
 
 def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:

@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import json_format
 
 from common.config import ExperimentConfig
+from common.private_paths import MARKER
 from protos import fedgan_pb2 as pb
 from simulations.deploy import netns, pki
 from simulations.deploy.local import LocalDeployment
@@ -117,6 +118,9 @@ def test_tls_and_auth_reject_an_unregistered_supernode(tmp_path):
     assert summary["deployment"]["tls"] and summary["deployment"]["auth"]
     assert summary["deployment"]["flwr_status"] == "finished:completed"
     assert [c["queries"] for c in summary["clients"]] and sum(c["queries"] for c in summary["clients"]) == 2
+    private = ["clients", "deploy/nodes", "deploy/keys", "deploy/certs", *(f"deploy/nodes/{i}/state" for i in range(3))]
+    for folder in private:  # issue 23, item 18: raw partitions, discriminators and private keys say so
+        assert (tmp_path / "run" / folder / MARKER).is_file(), folder
     if use_netns:
         assert all(n.host is not None for n in dep.nodes)
         assert not [h for h in netns_list() if h.startswith(dep.namespaces.tag)]

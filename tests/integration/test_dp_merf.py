@@ -54,11 +54,11 @@ def test_resume_keeps_the_target_and_asks_nobody_again(tmp_path):
     cfg = tiny_cfg(tmp_path / "run", num_clients=3, steps=3, merf_noise_multiplier=2.0, **MERF)
     run, first = run_inprocess(cfg)
     assert first["steps_completed"] == 3
-    target = torch.load(run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]["target"]
+    target = torch.load(run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["target"]
     _, resumed = run_inprocess(cfg.replace(steps=6), resume=True)
     assert resumed["steps_completed"] == 6
     assert [c["queries"] for c in resumed["clients"]] == [1, 1, 1]
-    after = torch.load(run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]["target"]
+    after = torch.load(run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["target"]
     assert torch.equal(target, after)
 
 

@@ -41,8 +41,8 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed["steps_completed"] == 6
     assert [c["queries"] for c in resumed["clients"]] == [c["queries"] for c in straight["clients"]]
     assert resumed["comm"]["bytes_up_total"] == straight["comm"]["bytes_up_total"]
-    a = torch.load(straight_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
-    b = torch.load(part_run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    a = torch.load(straight_run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
+    b = torch.load(part_run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
     for key in a["ema"]["module"]:
         assert torch.equal(a["ema"]["module"][key], b["ema"]["module"][key]), key
     lines = (part_run.path / "metrics.jsonl").read_text().splitlines()
@@ -136,7 +136,7 @@ def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
     assert written["epsilon_max"] is None  # σ = 0: unbounded, written as null, never as a number
     torch.manual_seed(cfg.seed)
     g = build_generator("tiny")
-    g.load_state_dict(torch.load(run.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]["model"])
+    g.load_state_dict(torch.load(run.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["model"])
     z, y = sample_latent(256, 10, generator=torch.Generator().manual_seed(0)), torch.arange(256) % 10
     initial = build_generator("tiny")
     real_mean = load_client_partition(cfg, 0).images.mean().item()
@@ -285,3 +285,23 @@ def test_the_accountant_option_chooses_the_headline(tmp_path):
     assert summary["accountant"] == "prv" and summary["epsilon_max"] == max(c["epsilon"] for c in queried)
     assert "RDP shown" in summary["epsilon_amplified"]["epsilon_reason"]
     assert "PRV)" in format_summary_table(summary) and "PRV accountant" in summary["privacy_statement"]
+
+
+def test_every_private_folder_says_so_itself(tmp_path):
+    """Issue 23, item 18: a node's state directory (its raw partition, D_k, ledger) was marked only
+    in privacy.json. Each node marks its own (``state-dir`` from its node config, as on a real node
+    or a compose volume) at the hello, and the run marks its clients/ folder."""
+    from common.private_paths import MARKER
+
+    cfg = cfg_for(tmp_path, steps=2)
+    disks = {i: tmp_path / f"node-{i}" for i in range(cfg.num_clients)}
+    transport = InProcessTransport(
+        client_app, 3, node_config=ALLOW_NONPRIVATE, node_configs={i: {"state-dir": str(d)} for i, d in disks.items()}
+    )
+    run, summary = run_inprocess(cfg, transport=transport)
+    assert sum(c["queries"] for c in summary["clients"]) == 2
+    for folder in [run.path / "clients", *disks.values()]:
+        assert "PRIVATE: never publish" in (folder / MARKER).read_text(), folder
+    assert list(tmp_path.glob("node-*/client-*.pt"))  # the state went to the nodes' own disks
+    do_not_publish = json.loads((run.path / "privacy.json").read_text())["do_not_publish"]
+    assert all(p in do_not_publish for p in ("clients/", "deploy/nodes/", "deploy/keys/", "deploy/certs/", MARKER))

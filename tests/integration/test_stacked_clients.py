@@ -45,7 +45,7 @@ def run(tmp_path, name, handlers=BATCH_HANDLERS, before=None, **changes):
         node_state=directory.state_dir,
     )
     summary = run_experiment(cfg, directory, transport, transport_name="inprocess")
-    generator = torch.load(directory.path / "checkpoint.pt", weights_only=False)["strategy"]["generator"]
+    generator = torch.load(directory.path / "checkpoint.pt", weights_only=True)["strategy"]["generator"]
     return summary, generator["ema"]["module"]
 
 

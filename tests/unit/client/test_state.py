@@ -167,3 +167,21 @@ def test_client_threads_respect_the_standard_variables(monkeypatch):
     monkeypatch.delenv("FEDGAN_CLIENT_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert client_threads() == (os.cpu_count() or 1)
+
+
+def test_a_full_node_disk_keeps_the_previous_state_file_and_leaves_no_temporary(cfg, tmp_path):
+    """Issue 23, item 17 on a node: torch.save's RuntimeError left ``client-00000.tmp`` behind and
+    named no cause. Now the OSError (ENOSPC) surfaces, the temporary file is gone, the old file stays."""
+    import errno
+
+    from tests.helpers import fill_disk, small_disk
+
+    with small_disk(tmp_path / "disk", 4 * 2**20) as disk:
+        state = _answered(cfg, 0, disk)
+        before = client_state.state_path(disk, 0).read_bytes()
+        fill_disk(disk, leave_bytes=len(before) // 2)
+        state.version += 1
+        with pytest.raises(OSError) as err:
+            client_state.save_state(state, disk)
+        assert err.value.errno == errno.ENOSPC
+        assert client_state.state_path(disk, 0).read_bytes() == before and not list(disk.glob("*.tmp"))

@@ -118,3 +118,37 @@ def test_make_run_is_the_quickstart_file_and_it_targets_a_per_client_epsilon_of_
     # GS-WGAN's best configuration for the same budget keeps ε 100, where it was measured: even there,
     # twice make run's ε, it does not learn class structure (README, quick start)
     assert gswgan.strategy == "gswgan" and gswgan.target_epsilon == 100 >= cfg.target_epsilon
+
+
+@pytest.mark.parametrize(
+    "name", ["noise_multiplier", "dpgan_noise_multiplier", "fedavg_noise_multiplier", "merf_noise_multiplier"]
+)
+def test_a_noise_multiplier_too_large_for_the_accountant_is_refused(name):
+    """Issue 23, item 19: 1e308 passed validation, then the accountant overflowed after the releases."""
+    with pytest.raises(ConfigError, match=f"invalid {name}=1e\\+308: must be at most 1e\\+06"):
+        ExperimentConfig(**{name: 1e308})
+    assert getattr(ExperimentConfig(**{name: 1e6}), name) == 1e6
+
+
+def test_target_epsilon_with_a_noise_multiplier_is_refused_naming_both(tmp_path, capsys):
+    """Item 19: --target-epsilon silently replaced an explicit --noise-multiplier. Refused on the
+    command line, in a TOML file, and across the two; config.json and Flower's run_config hold
+    every key, so there (as the help says) the target wins."""
+    from common.calibration import calibrate
+    from simulations.cli import main
+
+    assert main(["simulate", "--target-epsilon", "10", "--noise-multiplier", "2", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "target_epsilon=10.0 (command line) and noise_multiplier=2.0 (command line) are both given" in err
+    toml = tmp_path / "exp.toml"
+    toml.write_text("target-epsilon = 10\nfedavg-noise-multiplier = 0.5\n")
+    with pytest.raises(ConfigError, match=rf"fedavg_noise_multiplier=0.5 \({toml}\)"):
+        ExperimentConfig.from_toml(toml)
+    toml.write_text("merf-noise-multiplier = 0.5\n")
+    args = build_parser().parse_args(["simulate", "--config", str(toml), "--target-epsilon", "5"])
+    with pytest.raises(ConfigError, match=r"target_epsilon=5.0 \(command line\) and merf_noise_multiplier=0.5"):
+        resolve_config(args)
+    toml.write_text("target-epsilon = 0\nnoise-multiplier = 0.5\n")  # no target: the noise stands
+    assert ExperimentConfig.from_toml(toml).noise_multiplier == 0.5
+    run_config = ExperimentConfig(target_epsilon=10.0, noise_multiplier=2.0, steps=10, num_clients=5).to_run_config()
+    assert calibrate(ExperimentConfig.from_run_config(run_config)).noise_multiplier != 2.0
