@@ -8,12 +8,10 @@ Exit codes: 0 run completed, 2 bad input (config, data, run directory), 3 run st
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib
-import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from common.config import ExperimentConfig
 
@@ -236,27 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import commands
-
-    args = build_parser().parse_args(argv)
-    with _node_environment_restored():
-        return commands.COMMANDS[args.command](args)
-
-
-@contextlib.contextmanager
-def _node_environment_restored() -> Iterator[None]:
-    """``--node-policy`` reaches the simulated nodes through the environment; a command leaves it as
-    it found it, so one ``main()`` call (a test, a notebook) never hands its policy to the next."""
     from common.privacy.policy import POLICY_ENV
 
-    before = os.environ.get(POLICY_ENV)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(POLICY_ENV, None)
-        else:
-            os.environ[POLICY_ENV] = before
+    from . import commands
+    from .env import restored_env
+
+    args = build_parser().parse_args(argv)
+    with restored_env(POLICY_ENV):  # --node-policy reaches the simulated nodes through it
+        return commands.COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

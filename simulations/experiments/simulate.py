@@ -8,8 +8,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -122,25 +121,13 @@ def run_on_transport(
     ``client_app``: the project's unless a test passes another. ``node_state``: where the simulated
     nodes keep their state and their own privacy ledgers (``FEDGAN_NODE_STATE``, as the operator of
     real nodes sets their node config's ``state-dir``); the server never tells a node where."""
-    with simulated_node_state(node_state):
-        return _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel)
-
-
-@contextmanager
-def simulated_node_state(root: str | Path | None) -> Iterator[None]:
-    """``FEDGAN_NODE_STATE`` for this run's simulated nodes (Ray's actors inherit it), restored after."""
     from common.privacy.node_ledger import NODE_STATE_ENV
 
-    before = os.environ.get(NODE_STATE_ENV)
-    if root is not None:
-        os.environ[NODE_STATE_ENV] = str(Path(root).resolve())
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(NODE_STATE_ENV, None)
-        else:
-            os.environ[NODE_STATE_ENV] = before
+    from ..env import restored_env
+
+    # FEDGAN_NODE_STATE for this run's simulated nodes (Ray's actors inherit it), restored after
+    with restored_env(NODE_STATE_ENV, None if node_state is None else str(Path(node_state).resolve())):
+        return _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel)
 
 
 def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel):

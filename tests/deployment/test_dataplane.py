@@ -43,8 +43,8 @@ def gone(pid: int, within_s: float = 30.0) -> bool:
     return False
 
 
-def control_for(n: int) -> InProcessTransport:
-    return InProcessTransport(app, n, run_id=(1 << 62) + time.monotonic_ns() % 10**9)
+def control_for(n: int, node_state=None) -> InProcessTransport:
+    return InProcessTransport(app, n, run_id=(1 << 62) + time.monotonic_ns() % 10**9, node_state=node_state)
 
 
 def run_id_of(control: InProcessTransport) -> int:
@@ -56,10 +56,10 @@ def test_same_bytes_and_ledgers_as_the_flower_path_and_workers_exit_at_the_end(t
     plain = run_experiment(
         cfg.replace(out=str(tmp_path / "a")),
         RunDirectory.create(cfg.replace(out=str(tmp_path / "a"))),
-        InProcessTransport(app, 2),
+        InProcessTransport(app, 2, node_state=tmp_path / "a" / "clients"),
         transport_name="inprocess",
     )
-    control = control_for(2)
+    control = control_for(2, node_state=tmp_path / "b" / "clients")  # nodes of their own, as the first run's
     grpc_cfg = cfg.replace(out=str(tmp_path / "b"))
     transport = GrpcTransport(control, run_id_of(control), DataPlaneSettings(idle_s=30))
     try:

@@ -179,7 +179,7 @@ def test_fedavg_clips_and_divides_by_the_fixed_number_sampled(tmp_path):
     assert (event.sampling, event.sample_rate, event.noise_multiplier) == ("poisson", 2 / 3, 0.0)
 
 
-def _wrong_shape(delta):
+def _wrong_shape(delta):  # a Fed-Avg delta or a DPGAN generator: one entry cut short
     name = next(iter(delta))
     return {**delta, name: delta[name].flatten()[:-1]}
 
@@ -288,22 +288,13 @@ def test_dpgan_a_curator_ledger_that_goes_backwards_never_lowers_the_reported_ep
     assert again.privacy_report(final=True)["clients"][0]["epsilon"] == pytest.approx(reported)
 
 
-def _g_wrong_shape(state):
-    name = next(iter(state))
-    return {**state, name: state[name].flatten()[:-1]}
-
-
-def _g_missing_tensor(state):
-    return dict(list(state.items())[1:])
-
-
 def _g_all_nan(state):
     return {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
 
 
 @pytest.mark.parametrize(
     ("forge", "cause"),
-    [(_g_wrong_shape, "of shape"), (_g_missing_tensor, "missing ["), (_g_all_nan, "NaN or infinite")],
+    [(_wrong_shape, "of shape"), (_missing_entry, "missing ["), (_g_all_nan, "NaN or infinite")],
 )
 def test_dpgan_refuses_a_generator_that_cannot_be_g_and_keeps_its_own(tmp_path, forge, cause):
     """Issue 23, item 15: a wrong-shape or missing tensor in the curator's G crashed the run (load_state_dict);
