@@ -183,6 +183,30 @@ def _evaluate_parser(sub) -> None:
     ev.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
 
 
+def _audit_parser(sub) -> None:
+    au = sub.add_parser(
+        "audit",
+        help="measure the privacy a run's releases really gave: canary clients through the method's own "
+        "release code, a lower bound on ε beside the ledger's; writes audit.json and the report's section",
+    )
+    au.add_argument("run_dir", metavar="RUN_DIR")
+    au.add_argument("--canaries", type=int, default=2000, help="canary clients, each inserted with probability 1/2")
+    au.add_argument(
+        "--releases",
+        type=int,
+        default=None,
+        help="releases each canary is asked for, until its budget refuses (default: the most any client "
+        "of the run made)",
+    )
+    au.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bounds (default 0.95)")
+    au.add_argument(
+        "--mia-samples",
+        type=int,
+        default=1000,
+        help="black-box membership test on the released generator: images per side (0: skip)",
+    )
+
+
 def _debug_task_parser(sub) -> None:
     dbg = sub.add_parser(
         "debug-task",
@@ -228,7 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedgan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_simulate_parser, _deploy_parser, _compare_parser, _evaluate_parser, _debug_task_parser, _data_parser):
+    for add in (
+        _simulate_parser,
+        _deploy_parser,
+        _compare_parser,
+        _evaluate_parser,
+        _audit_parser,
+        _debug_task_parser,
+        _data_parser,
+    ):
         add(sub)
     return parser
 

@@ -202,6 +202,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from server.reporting import RunDirectoryError
+
+    from .experiments.audit import audit_run, format_audit
+
+    if args.canaries < 100 or not 0.5 < args.confidence < 1 or (args.releases is not None and args.releases < 1):
+        print("fedgan: error: --canaries must be >= 100, --confidence in (0.5, 1), --releases >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = audit_run(
+            args.run_dir,
+            canaries=args.canaries,
+            releases=args.releases,
+            confidence=args.confidence,
+            mia_samples=args.mia_samples,
+        )
+    except (ConfigError, RunDirectoryError, ValueError) as err:
+        print(f"fedgan: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(format_audit(result))
+    return 3 if result["violated"] else 0
+
+
 def cmd_debug_task(args: argparse.Namespace) -> int:
     from common.data import DataError
 
@@ -237,6 +260,7 @@ COMMANDS = {
     "deploy": cmd_deploy,
     "compare": cmd_compare,
     "evaluate": cmd_evaluate,
+    "audit": cmd_audit,
     "debug-task": cmd_debug_task,
     "data": cmd_data,
 }

@@ -299,7 +299,33 @@ def _latest_samples(run_dir: Path) -> Path | None:
     return grids[-1] if grids else None
 
 
-def render_report(summary: dict, eval_result: dict | None, plots: dict[str, Any], *, title: str) -> str:
+def audit_rows(audit: dict) -> list[tuple[str, str]]:
+    """``fedgan audit``'s figures (audit.json) as rows: the ledger's ε beside what the canaries showed."""
+    rows = [
+        (
+            "canaries",
+            f"{audit['canaries']} ({audit['inserted']} inserted), {audit['releases_per_canary']} release(s) each",
+        ),
+        ("ledger ε (what the canaries' ledgers print)", _num(audit.get("epsilon_ledger"))),
+        ("ε of the Gaussian curve the ledger claims", _num(audit.get("epsilon_gaussian_exact"))),
+        (
+            f"audited lower bounds ({audit['confidence']:.0%} confidence, δ = {audit['delta']:g})",
+            f"one-run {_num(audit['epsilon_one_run'], '.3g')} · Clopper–Pearson "
+            f"{_num(audit['epsilon_clopper_pearson'], '.3g')} · "
+            f"Gaussian {_num(audit['epsilon_gaussian_lower'], '.3g')}",
+        ),
+        ("attack", f"TPR {audit['tpr']:.3f} at FPR {audit['fpr']:.3f}"),
+        ("verdict", "VIOLATED: a lower bound exceeds the ledger's ε" if audit["violated"] else "consistent"),
+    ]
+    member = audit.get("membership")
+    if member:
+        rows.append(("black box (nearest generated sample)", f"AUC {member['auc']:.3f}"))
+    return rows
+
+
+def render_report(
+    summary: dict, eval_result: dict | None, plots: dict[str, Any], *, title: str, audit: dict | None = None
+) -> str:
     """The report page as a string (``write_report`` adds the files of the run directory)."""
     ev = eval_rows(eval_result)
     notes = summary.get("notes") or []
@@ -321,6 +347,8 @@ def render_report(summary: dict, eval_result: dict | None, plots: dict[str, Any]
         "<h2>Privacy statement</h2>",
         f'<p class="statement">{_e(summary.get("privacy_statement") or "No privacy statement recorded.")}</p>',
     ]
+    if audit:
+        parts += [f"<h2>Privacy audit</h2><p>{_e(audit.get('design', ''))}</p>", _table(audit_rows(audit))]
     if notes:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{_e(n)}</li>" for n in notes), "</ul>"]
     if plots:
@@ -352,7 +380,9 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
         plots["samples"] = (latest, f"Samples of the released (EMA) generator at step {step}, one row per class.")
     if title is None:
         title = f"fedgan run: {summary.get('strategy', '?')} on {summary.get('dataset', '?')} ({run_dir.name})"
-    page = render_report(summary, eval_result, plots, title=title)
+    audit_path = run_dir / "audit.json"
+    audit = json.loads(audit_path.read_text()) if audit_path.is_file() else None
+    page = render_report(summary, eval_result, plots, title=title, audit=audit)
     path = run_dir / REPORT
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(page, encoding="utf-8")

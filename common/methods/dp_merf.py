@@ -247,20 +247,33 @@ def clip_summary(summary: Tensor, bound: float) -> Tensor:
     return summary * min(1.0, bound / (float(summary.norm()) + 1e-12))
 
 
-def release(state: ClientState, cfg: ExperimentConfig, request: MerfRequest, policy: NodePolicy) -> MerfRelease:
+def noise_std(cfg: ExperimentConfig) -> float:
+    """The noise std of a release: 2σS (replace-one sensitivity of a summary clipped to S is 2S)."""
+    return 2.0 * cfg.merf_noise_multiplier * cfg.merf_clip
+
+
+def release(
+    state: ClientState,
+    cfg: ExperimentConfig,
+    request: MerfRequest,
+    policy: NodePolicy,
+    *,
+    summary: Tensor | None = None,
+) -> MerfRelease:
     """This client's one release, or a refusal when its budget would be exceeded (a second request
-    is refused the same way: the budget is the target ε of a single release)."""
+    is refused the same way: the budget is the target ε of a single release). ``summary``: a given
+    summary instead of the client's own (a privacy audit's canary, ``fedgan audit``); it is clipped,
+    noised and charged like any other."""
     event = planned_event(cfg)
     refusal = policy.release_refusal(state.ledger, event, cfg, "one more release")
     if refusal:
         return MerfRelease(step=request.step, refused=True, reason=f"client {state.client_id} refuses: {refusal}")
-    device = resolve_device(cfg.device)
-    summary = embed(
-        FeatureMap(cfg, device), state.data.images.to(device), state.data.labels.to(device), num_classes_for(cfg)
-    )
+    if summary is None:
+        device = resolve_device(cfg.device)
+        images, labels = state.data.images.to(device), state.data.labels.to(device)
+        summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg))
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, request.step)
-    std = 2.0 * cfg.merf_noise_multiplier * cfg.merf_clip
-    noisy = clip_summary(summary.cpu(), cfg.merf_clip) + std * torch.randn(summary.shape, generator=noise)
+    noisy = clip_summary(summary.cpu(), cfg.merf_clip) + noise_std(cfg) * torch.randn(summary.shape, generator=noise)
     ran = PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=void or event.void)
     state.ledger.record(ran)
     state.version += 1

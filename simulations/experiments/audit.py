@@ -1,0 +1,351 @@
+"""``fedgan audit``: canary clients through the releases a run's clients made, and what ε they show.
+
+White box, per-client unit (the headline guarantee: an untrusted server sees every release). Each of
+m canary clients is inserted (its data give the summary or per-sample gradient +a·u) or left out (−a·u:
+the replace-one neighbour) with probability ½ from a CSPRNG, where u is one coordinate of the
+release and a = 1.5× the clip bound, so clipping acts. Each canary then makes the releases a client
+of the run made, through the method's own release code (its clip, its noise source, its ledger,
+its budget check; GS-WGAN's wire encoding too), and the attacker — the server — scores it by the sum
+of the released u-coordinates (the likelihood-ratio test of a Gaussian shift). From scores and bits:
+Steinke et al.'s one-run bound, a Clopper–Pearson bound, and the μ of the Gaussian curve the ledger
+claims (``common/privacy/audit.py``), beside the ε the canaries' own ledgers say.
+
+Black box: a distance-to-nearest-synthetic-sample membership test on the released generator
+(training images of the run's clients vs. held-out test images), reported beside, as AUC and TPR at
+low FPR (no ε: the members are not randomized).
+
+DPGAN (example-level DP-SGD on pooled data) and Fed-Avg (raw deltas: unbounded against the server,
+which the ledgers already say) are not audited here; ``AUDITED`` names what is.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.client_state import ClientState
+from common.config import ExperimentConfig
+from common.data.clients import ClientData
+from common.privacy import NodePolicy, PrivacyLedger
+from common.privacy.audit import (
+    best_one_run_epsilon,
+    claimed_mu,
+    clopper_pearson_epsilon,
+    gaussian_epsilon,
+    gaussian_mu_lower,
+)
+
+CANARY_BASE_ID = 10**7  # canary clients' ids: far from any federation's own
+MAGNITUDE = 1.5  # canary summary / gradient norm, in clip bounds: clipping must act
+
+
+@dataclass
+class Canary:
+    """One canary client: its state and whether it is inserted (+u) or left out (−u)."""
+
+    state: ClientState
+    inserted: bool
+
+
+def canary_state(client_id: int) -> ClientState:
+    """A client with no data of its own: its releases come from the canary's crafted input."""
+    empty = ClientData(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long), client_id, False)
+    return ClientState(client_id, None, None, PrivacyLedger(), torch.Generator(), empty)
+
+
+# --- the methods' release paths, one canary at a time ---------------------------------------------
+def merf_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy: NodePolicy) -> float:
+    """DP-MERF: the canary asked ``releases`` times; its summary ±a·e₀ of the summary's shape."""
+    from common.data import num_classes_for
+    from common.methods import dp_merf
+
+    shape = (num_classes_for(cfg), 2 * cfg.merf_features + 1)
+    summary = torch.zeros(shape)
+    summary[0, 0] = (1 if canary.inserted else -1) * MAGNITUDE * cfg.merf_clip
+    score = 0.0
+    for step in range(releases):
+        reply = dp_merf.release(canary.state, cfg, dp_merf.MerfRequest(step=step), policy, summary=summary)
+        if reply.refused:
+            break
+        score += float(reply.embedding[0, 0])
+    return score
+
+
+def gswgan_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy: NodePolicy) -> float:
+    """GS-WGAN: ``releases`` answers, each B per-sample gradients ±a·u (u a unit direction of the
+    released space: one pixel, or one DCT coefficient with ``grad_dct``), sanitized, charged and
+    encoded for the wire by the client's own code; the score sums the decoded u-coordinates."""
+    from common.codec import decode_grads
+    from common.methods import gswgan
+    from common.privacy.dct import to_pixels
+
+    B = cfg.batch_size
+    unit = torch.zeros(1, 1, cfg.grad_dct or 28, cfg.grad_dct or 28)
+    unit[0, 0, 0, 0] = 1.0
+    direction = to_pixels(unit, cfg.grad_dct) if cfg.grad_dct else unit
+    grads = direction.repeat(B, 1, 1, 1) * (1 if canary.inserted else -1) * MAGNITUDE * cfg.clip
+    score = 0.0
+    for step in range(releases):
+        if policy.release_refusal(canary.state.ledger, gswgan.planned_event(cfg, B), cfg, "one more answer"):
+            break
+        nothing = torch.zeros(0)
+        pending = gswgan.PendingAnswer(canary.state, step, nothing, nothing, nothing, nothing, B)
+        answer = gswgan.finish_answer(pending, cfg, grads.clone(), {})
+        released = decode_grads(answer.grad, answer.grad_encoding, batch_size=B)
+        score += float(released.reshape(B, -1)[:, 0].sum())
+    return score
+
+
+AUDITED: dict[str, Callable[[Canary, ExperimentConfig, int, NodePolicy], float]] = {
+    "gswgan": gswgan_releases,
+    "dp-merf": merf_releases,
+}
+
+
+# --- the audit ----------------------------------------------------------------------------------
+def run_canaries(cfg: ExperimentConfig, *, canaries: int, releases: int, policy: NodePolicy) -> tuple:
+    """Scores, inserted bits and the canaries' ledgers (in canary order)."""
+    if cfg.strategy not in AUDITED:
+        raise ValueError(f"fedgan audit covers {', '.join(AUDITED)}, not {cfg.strategy}")
+    bits = np.array([secrets.randbits(1) == 1 for _ in range(canaries)])  # never from the run's seed
+    release = AUDITED[cfg.strategy]
+    states = [canary_state(CANARY_BASE_ID + i) for i in range(canaries)]
+    scores = np.array([release(Canary(s, bool(b)), cfg, releases, policy) for s, b in zip(states, bits, strict=True)])
+    return scores, bits, [s.ledger for s in states]
+
+
+def choose_threshold(
+    scores: np.ndarray, bits: np.ndarray, bound: Callable[[np.ndarray, np.ndarray, float], float]
+) -> float:
+    """The threshold at which ``bound(in_scores, out_scores, threshold)`` — a lower bound itself, so
+    thresholds whose rates rest on a few canaries lose — is largest on these scores, over midpoints
+    between up to 200 quantiles."""
+    ins, outs = scores[bits], scores[~bits]
+    cuts = np.unique(np.quantile(scores, np.linspace(0, 1, 201)))
+    candidates = (cuts[:-1] + cuts[1:]) / 2 if len(cuts) > 1 else cuts
+    values = [bound(ins, outs, float(t)) for t in candidates]
+    return float(candidates[int(np.argmax(values))])
+
+
+def bounds(scores: np.ndarray, bits: np.ndarray, *, delta: float, confidence: float) -> dict[str, Any]:
+    """Every lower bound from one set of scores: one-run on all canaries; the threshold tests on the
+    second half, their threshold chosen on the first half (``choose_threshold``), so that no label of
+    the half they are computed on chose it. Each of the three at a third of 1 − confidence, so that
+    their maximum holds at ``confidence`` (Bonferroni)."""
+    significance = (1 - confidence) / 3
+    one_run, guesses = best_one_run_epsilon(scores, bits, delta=delta, significance=significance)
+    half = len(scores) // 2
+
+    def cp(i: np.ndarray, o: np.ndarray, t: float) -> float:
+        return clopper_pearson_epsilon(i, o, t, delta=delta, significance=significance)[0]
+
+    def gauss(i: np.ndarray, o: np.ndarray, t: float) -> float:
+        return gaussian_mu_lower(i, o, t, significance=significance)
+
+    cp_threshold = choose_threshold(scores[:half], bits[:half], cp)
+    threshold = choose_threshold(scores[:half], bits[:half], gauss)
+    ins, outs = scores[half:][bits[half:]], scores[half:][~bits[half:]]
+    eps_cp = clopper_pearson_epsilon(ins, outs, cp_threshold, delta=delta, significance=significance)[0]
+    _, tpr, fpr = clopper_pearson_epsilon(ins, outs, threshold, delta=delta, significance=significance)
+    mu_low = gaussian_mu_lower(ins, outs, threshold, significance=significance)
+    return {
+        "epsilon_one_run": one_run,
+        "one_run_guesses": {"canaries": guesses.m, "guesses": guesses.r, "correct": guesses.v},
+        "epsilon_clopper_pearson": eps_cp,
+        "tpr": tpr,
+        "fpr": fpr,
+        "threshold": threshold,
+        "mu_lower": mu_low,
+        "epsilon_gaussian_lower": gaussian_epsilon(mu_low, delta) if math.isfinite(mu_low) else math.inf,
+    }
+
+
+def ledger_claims(ledgers: list[PrivacyLedger], delta: float) -> dict[str, Any]:
+    """What the canaries' own ledgers say: the largest ε any of them prints, and the μ they claim."""
+    worst = max(ledgers, key=lambda led: (led.epsilon(delta=delta), led.queries))
+    history = worst.history
+    mu = claimed_mu([e.noise_multiplier for e in history], [e.count for e in history])
+    eps = worst.epsilon(delta=delta)
+    return {
+        "epsilon_ledger": eps if math.isfinite(eps) else None,
+        "ledger_releases": worst.queries,
+        "mu_claimed": mu if math.isfinite(mu) else None,
+        "epsilon_gaussian_exact": gaussian_epsilon(mu, delta) if math.isfinite(mu) else None,
+    }
+
+
+def audit(
+    cfg: ExperimentConfig, *, canaries: int, releases: int, confidence: float = 0.95, policy: NodePolicy | None = None
+) -> dict[str, Any]:
+    """The white-box audit of ``cfg``'s per-client releases: canary design, bounds, ledger figures,
+    and whether any lower bound contradicts the ledger (``violated``)."""
+    policy = policy or NodePolicy(allow_nonprivate=True)
+    scores, bits, ledgers = run_canaries(cfg, canaries=canaries, releases=releases, policy=policy)
+    found = bounds(scores, bits, delta=cfg.delta, confidence=confidence)
+    claims = ledger_claims(ledgers, cfg.delta)
+    lower = max(found["epsilon_one_run"], found["epsilon_clopper_pearson"], found["epsilon_gaussian_lower"])
+    printed = claims["epsilon_ledger"]
+    return {
+        "strategy": cfg.strategy,
+        "unit": "per client, untrusted server (white box: the releases the server receives)",
+        "canaries": canaries,
+        "releases_per_canary": releases,
+        "inserted": int(bits.sum()),
+        "confidence": confidence,
+        "delta": cfg.delta,
+        "design": (
+            f"{canaries} canary clients, each inserted with probability 1/2 (CSPRNG); inserted: crafted input "
+            f"+{MAGNITUDE}x the clip bound along one coordinate u of the release, left out: the replace-one "
+            f"neighbour (-{MAGNITUDE}x); each asked for {releases} release(s) through the method's own code; the "
+            "attacker scores the sum of the released u-coordinates"
+        ),
+        **found,
+        **claims,
+        "epsilon_lower": lower,
+        "violated": printed is not None and lower > printed,
+        "scores": {"inserted": scores[bits].tolist(), "left_out": scores[~bits].tolist()},
+    }
+
+
+# --- a run directory: its parameters, the black-box test, the record and the report ---------------
+def most_releases(privacy: dict[str, Any]) -> int:
+    """The most releases any client of the run made (what its worst-off client's ledger holds)."""
+    return max((int(c.get("queries") or 0) for c in privacy.get("clients", [])), default=0)
+
+
+@torch.no_grad()
+def membership_test(run: Any, cfg: ExperimentConfig, samples: int) -> dict[str, Any]:
+    """Black box: the released generator only. Score each real image by minus its distance to the
+    nearest of ``samples`` generated images; members are training images of the run's clients,
+    non-members held-out test images. AUC and TPR at 1% / 10% FPR (no ε: members are not random)."""
+    from common.data import client_arrays, load_dataset, num_classes_for
+    from simulations.experiments.evaluate import generate, load_generator
+
+    gen = load_generator(cfg, run.load_checkpoint()["released_generator"], run.path / "checkpoint.pt")
+    fakes, _ = generate(gen, samples, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
+    members = _members(cfg, samples, client_arrays)
+    test = load_dataset(cfg.dataset, cfg.data_dir, split="test", emnist_split=cfg.emnist_split, seed=cfg.seed)
+    outsiders = torch.from_numpy(test.images[:samples]).float().div(255.0)
+    flat = fakes.flatten(1)
+    score_in = -torch.cdist(members.flatten(1), flat).min(dim=1).values.numpy()
+    score_out = -torch.cdist(outsiders.flatten(1), flat).min(dim=1).values.numpy()
+    return {"members": len(score_in), "non_members": len(score_out), "generated": samples, **_roc(score_in, score_out)}
+
+
+def _members(cfg: ExperimentConfig, n: int, client_arrays: Callable) -> torch.Tensor:
+    """Up to ``n`` training images of the run's clients, client by client."""
+    images = []
+    for k in range(cfg.num_clients):
+        images.append(torch.as_tensor(client_arrays(cfg, k)[0]).float().reshape(-1, 28, 28))
+        if sum(len(x) for x in images) >= n:
+            break
+    stacked = torch.cat(images)[:n]
+    return stacked.div(255.0) if stacked.max() > 1.0 else stacked
+
+
+def _roc(score_in: np.ndarray, score_out: np.ndarray) -> dict[str, float]:
+    """AUC (ties half) and the TPR at a FPR of 1% and 10%."""
+    greater = (score_in[:, None] > score_out[None, :]).mean() + 0.5 * (score_in[:, None] == score_out[None, :]).mean()
+    out = {"auc": float(greater)}
+    for fpr in (0.01, 0.1):
+        threshold = float(np.quantile(score_out, 1 - fpr))
+        out[f"tpr_at_fpr_{fpr:g}"] = float((score_in > threshold).mean())
+    return out
+
+
+def audit_run(path: str, *, canaries: int, releases: int | None, confidence: float, mia_samples: int) -> dict[str, Any]:
+    """Audit the run in ``path`` at its own parameters; writes audit.json, plots/audit_scores.png
+    and the report's audit section."""
+    import json
+
+    from server.reporting import RunDirectory, RunDirectoryError
+
+    run, cfg = RunDirectory.open_existing(path)
+    privacy_path = run.path / "privacy.json"
+    if not privacy_path.is_file():
+        raise RunDirectoryError(f"{privacy_path} does not exist: audit a finished run")
+    privacy = json.loads(privacy_path.read_text())
+    asked = releases or max(most_releases(privacy), 1)
+    result = audit(cfg, canaries=canaries, releases=asked, confidence=confidence)
+    result["run_dir"] = str(run.path)
+    result["run_epsilon_max"] = max(
+        (c["epsilon"] for c in privacy["clients"] if c.get("epsilon") is not None), default=None
+    )
+    if mia_samples:
+        result["membership"] = membership_test(run, cfg, mia_samples)
+    result["plot"] = str(_plot(run.path / "plots" / "audit_scores.png", result))
+    run.write_json("audit.json", result)
+    _refresh_report(run)
+    return result
+
+
+def _plot(path: Any, result: dict[str, Any]) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    scores = result["scores"]
+    bins = np.histogram_bin_edges(scores["inserted"] + scores["left_out"], bins=60)
+    ax.hist(scores["left_out"], bins=bins, alpha=0.6, label="left out")
+    ax.hist(scores["inserted"], bins=bins, alpha=0.6, label="inserted")
+    ax.axvline(result["threshold"], color="k", lw=0.8)
+    ax.set_xlabel("attacker's score (sum of the released canary coordinates)")
+    ax.set_ylabel("canaries")
+    ax.set_title(
+        f"{result['strategy']}: audited ε ≥ {result['epsilon_lower']:.3g}, ledger ε {_fmt(result['epsilon_ledger'])}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _refresh_report(run: Any) -> None:
+    """report.html again, now with its audit section (and the figures the run already has)."""
+    import json
+
+    from common.evaluation.report import write_report
+
+    eval_path = run.path / "eval.json"
+    eval_result = json.loads(eval_path.read_text()) if eval_path.is_file() else None
+    plots = {p.stem: p for p in sorted((run.path / "plots").glob("*.png"))}
+    if (run.path / "summary.json").is_file():
+        write_report(run.path, eval_result, plots)
+
+
+def format_audit(result: dict[str, Any]) -> str:
+    """The audit's lines for the terminal."""
+    lines = [
+        f"audit of {result['strategy']} ({result['unit']}), {result['canaries']} canaries, "
+        f"{result['releases_per_canary']} release(s) each, confidence {result['confidence']:.0%}, "
+        f"δ = {result['delta']:g}",
+        f"  ledger ε (what the canaries' ledgers print): {_fmt(result['epsilon_ledger'])}",
+        f"  Gaussian curve of the ledger's μ = {_fmt(result['mu_claimed'])}: "
+        f"ε = {_fmt(result['epsilon_gaussian_exact'])}",
+        f"  audited lower bounds: one-run {result['epsilon_one_run']:.3g} · Clopper-Pearson "
+        f"{result['epsilon_clopper_pearson']:.3g} · Gaussian (μ ≥ {result['mu_lower']:.3g}) "
+        f"{result['epsilon_gaussian_lower']:.3g}",
+        f"  attack: TPR {result['tpr']:.3f} at FPR {result['fpr']:.3f}",
+        "  VIOLATED: a lower bound exceeds the ledger's ε" if result["violated"] else "  consistent with the ledger",
+    ]
+    if "membership" in result:
+        m = result["membership"]
+        lines.append(
+            f"  black box (nearest generated sample): AUC {m['auc']:.3f}, TPR {m['tpr_at_fpr_0.01']:.3f} at 1% FPR"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.4g}"
