@@ -86,9 +86,13 @@ def gswgan_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy
     from common.privacy.dct import to_pixels
 
     B = cfg.batch_size
-    unit = torch.zeros(1, 1, cfg.grad_dct or 28, cfg.grad_dct or 28)
-    unit[0, 0, 0, 0] = 1.0
-    direction = to_pixels(unit, cfg.grad_dct) if cfg.grad_dct else unit
+    if cfg.grad_dct:  # the first DCT coefficient, in pixels (the basis is orthonormal: unit norm)
+        coefficient = torch.zeros(1, cfg.grad_dct**2)
+        coefficient[0, 0] = 1.0
+        direction = to_pixels(coefficient, cfg.grad_dct)
+    else:
+        direction = torch.zeros(1, 1, 28, 28)
+        direction[0, 0, 0, 0] = 1.0
     grads = direction.repeat(B, 1, 1, 1) * (1 if canary.inserted else -1) * MAGNITUDE * cfg.clip
     score = 0.0
     for step in range(releases):
@@ -97,7 +101,7 @@ def gswgan_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy
         nothing = torch.zeros(0)
         pending = gswgan.PendingAnswer(canary.state, step, nothing, nothing, nothing, nothing, B)
         answer = gswgan.finish_answer(pending, cfg, grads.clone(), {})
-        released = decode_grads(answer.grad, answer.grad_encoding, batch_size=B)
+        released = decode_grads(answer.grad, answer.grad_encoding, batch_size=B, coords=cfg.grad_dct**2)
         score += float(released.reshape(B, -1)[:, 0].sum())
     return score
 

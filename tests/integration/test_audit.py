@@ -77,3 +77,13 @@ def test_fedgan_audit_writes_its_record_and_report_section(tmp_path, capsys):
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("grad_dct", [0, 8])
+def test_gswgan_canaries_answer_through_the_clients_own_sanitizer_and_wire(grad_dct):
+    """GS-WGAN's canaries answer queries until their budget refuses; each answer is sanitized and
+    float16-encoded by the client's own code, in pixels or in DCT coefficients."""
+    config = prepare(ExperimentConfig(model="tiny", num_clients=20, steps=60, grad_dct=grad_dct, target_epsilon=10.0))
+    result = audit(config, canaries=400, releases=50)
+    assert result["ledger_releases"] >= 3 and not result["violated"]
+    assert result["epsilon_ledger"] == pytest.approx(10.0, abs=0.5) and result["mu_lower"] > 0
