@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from common.config import ExperimentConfig
+from common.tensor_files import save_tensors
 
 from .reporting import RunDirectory, atomic_write_json
 
@@ -115,7 +116,7 @@ def write_release(
     folder.mkdir(exist_ok=True)
     (run.path / "PRIVATE.txt").write_text(PRIVATE_TEXT)
     (folder / "README.txt").write_text(PUBLISH_README)
-    torch.save({k: v.detach().cpu() for k, v in generator.state_dict().items()}, folder / "generator.pt")
+    save_tensors({k: v.detach().cpu() for k, v in generator.state_dict().items()}, folder / "generator.pt")
     samples = sorted((run.path / "samples").glob("step-*.png"))
     if samples:
         shutil.copyfile(samples[-1], folder / "samples.png")
