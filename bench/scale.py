@@ -126,14 +126,14 @@ class TimedTransport:
     def node_ids(self, expected: int) -> list[int]:
         return self.inner.node_ids(expected)
 
-    def exchange(self, outgoing: list) -> Any:
+    def exchange(self, outgoing: list, **kwargs: Any) -> Any:
         kind = outgoing[0].message_type if outgoing else "none"
         if kind.startswith("train."):
             if self.steps_seen in (self.first, self.last):
                 self.cpu_s[self.steps_seen] = tree_cpu_s(os.getpid())
             self.steps_seen += 1
         start = time.monotonic() - self.t0
-        result = self.inner.exchange(outgoing)
+        result = self.inner.exchange(outgoing, **kwargs)
         self.events.append((kind, len(outgoing), start, time.monotonic() - self.t0))
         return result
 
