@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.evaluation.plots import plot_frontier  # noqa: E402
-from common.methods import core  # noqa: E402
+from common.methods import method  # noqa: E402
 from common.privacy import PrivacyLedger  # noqa: E402
 
 TARGETS = (1.0, 10.0, 100.0, math.inf)
@@ -213,7 +213,7 @@ def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict]
     A method whose clients are unbounded against the server (Fed-Avg's raw deltas) headlines the
     server's own ledger; the others headline their clients' ledgers (the largest one counts).
     """
-    if core(strategy).UNBOUNDED_AGAINST_SERVER:
+    if method(strategy).unbounded_against_server:
         amplified = privacy["epsilon_amplified"]
         return [amplified["ledger"]], [amplified["epsilon"]]
     queried = [c for c in privacy["clients"] if c["queries"]]

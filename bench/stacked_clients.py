@@ -31,16 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu_step import resident_clients, sync  # noqa: E402
 from common.codec import decode_grads  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
 from common.device import resolve_device  # noqa: E402
-from common.methods.gswgan import (  # noqa: E402
-    PendingAnswer,
-    ServerGenerator,
-    answer_pending,
-    select_critic_fakes,
-    stacked_critic_phase,
-)
+from common.methods import ExperimentConfig  # noqa: E402
+from common.methods.gswgan.client import PendingAnswer, answer_pending, stacked_critic_phase  # noqa: E402
+from common.methods.gswgan.critic import select_critic_fakes  # noqa: E402
+from common.methods.gswgan.generator import ServerGenerator  # noqa: E402
 
 ARMS = ("one_by_one", "stacked")
 

@@ -41,7 +41,7 @@ from protos import wire
 from protos.wire import runtime_message
 
 from .session import HELLO_TIMEOUT_S
-from .strategies.base import Outgoing
+from .strategy import Outgoing
 from .transport import Exchange, FlowerTransport, _collect, _count
 
 

@@ -1,4 +1,4 @@
-"""The one round loop. Strategies fill hooks; this file owns the steps, bytes, logs and checkpoints.
+"""The one round loop. A method fills hooks (``strategy.py``); this file owns the steps, bytes, logs and checkpoints.
 
 Every method runs through ``run_experiment``: the session's hello (``session.py``), the rounds,
 the ledger fetch, then summary.json and privacy.json (``summary.py``). A step only counts when the
@@ -19,16 +19,15 @@ from typing import Any
 from tqdm import tqdm
 
 from common.comm import CommCounter
-from common.config import ExperimentConfig
 from common.data import num_classes_for
+from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
 
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
-from .strategies import build_strategy
-from .strategies.base import PriorReleases, Strategy
+from .strategy import PriorReleases, Strategy, build_strategy
 from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
 from .transport import Exchange
 
@@ -73,7 +72,7 @@ def run_experiment(
     thread) end the run after the current step, with a checkpoint and a summary. ``prior`` holds
     releases made before the run that its generator depends on (the debugging task's selection).
     """
-    strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir), prior)
+    strategy = build_strategy(cfg, num_classes_for(cfg), prior)
     state = _restore(run, strategy) if resume else LoopState()
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:

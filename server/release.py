@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 
 from .reporting import RunDirectory, atomic_write_json
 

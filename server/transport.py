@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 
 from protos.wire import message_wire_bytes, runtime_message
 
-from .strategies.base import Incoming, Outgoing
+from .strategy import Incoming, Outgoing
 
 # A handler of several nodes' messages of one type at once: each message's reply, or its node's error.
 BatchHandler = Callable[[list[Message], list[Context]], list[Message | Exception]]

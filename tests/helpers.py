@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.codec import GsQuery, samples_per_query
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
+from common.methods.gswgan.messages import GsQuery, samples_per_query
 from simulations.cli import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import yaml
 from flwr.common.config import parse_config_args
 
 from client.worker import private_network
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 from simulations.deploy import compose
 from tests.helpers import ROOT
 

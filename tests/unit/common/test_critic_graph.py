@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from common import critic_graph
 from common.client_state import new_state
 from common.codec import decode_grads
-from common.methods.gswgan import answer_query
+from common.methods.gswgan import critic_graph
+from common.methods.gswgan.client import answer_query
 from common.privacy import NodePolicy
 from tests.helpers import gs_query, tiny_cfg
 from tests.unit.common.test_critic_stack import assert_same_client
@@ -43,9 +43,9 @@ def compare_slot_with_eager(monkeypatch, cfg, atol, *, relative=False):
     the tiny model's elementwise checks. Adam turns float rounding in a near-zero gradient into a
     step of size lr in either direction, so after a few steps of the paper's 1M-parameter D the
     eager and captured weights differ coordinate by coordinate by more than rounding, not in sum."""
-    eager = [new_state(cfg, k) for k in range(2)]
+    eager = [new_state(cfg, k, critic_lr=cfg.lr_d) for k in range(2)]
     expected = run_queries(cfg, eager)
-    slotted = [new_state(cfg, k) for k in range(2)]
+    slotted = [new_state(cfg, k, critic_lr=cfg.lr_d) for k in range(2)]
     monkeypatch.setattr(critic_graph, "use_graphs", lambda state, cfg, b: critic_graph.graphable(state))
     got = run_queries(cfg, slotted)
     for a, b in zip(got, expected, strict=True):  # the same noise (seeded), so rounding only
@@ -74,14 +74,16 @@ def test_captured_graphs_match_the_eager_steps_on_cuda(monkeypatch, model):
     cfg = cfg_for("cuda", model)
     compare_slot_with_eager(monkeypatch, cfg, atol=1e-4, relative=model == "paper")
     key = next(
-        k for k in critic_graph._SLOTS if k.device.startswith("cuda") and k.spec == new_state(cfg, 0).discriminator.spec
+        k
+        for k in critic_graph._SLOTS
+        if k.device.startswith("cuda") and k.spec == new_state(cfg, 0, critic_lr=cfg.lr_d).discriminator.spec
     )
     assert key.capture and critic_graph._SLOTS[key].critic_graph is not None
 
 
 def test_an_error_inside_the_session_leaves_the_client_as_it_was():
     cfg = cfg_for()
-    state = new_state(cfg, 0)
+    state = new_state(cfg, 0, critic_lr=cfg.lr_d)
     before = [p.detach().clone() for p in state.discriminator.parameters()]
     B = cfg.batch_size
     x, y = torch.rand(B, 1, 28, 28), torch.randint(10, (B,))
@@ -96,8 +98,10 @@ def test_an_error_inside_the_session_leaves_the_client_as_it_was():
 
 def test_only_plain_clients_use_a_slot():
     cfg = cfg_for()
-    assert critic_graph.graphable(new_state(cfg, 0))
-    assert not critic_graph.use_graphs(new_state(cfg, 0), cfg, cfg.batch_size)  # the CPU: no graphs
-    assert not critic_graph.graphable(new_state(cfg.replace(dpac_beta=0.5), 0))  # DPAC's C interleaves
-    with critic_graph.critic_session(new_state(cfg, 0), cfg, cfg.batch_size) as critic:
+    assert critic_graph.graphable(new_state(cfg, 0, critic_lr=cfg.lr_d))
+    assert not critic_graph.use_graphs(new_state(cfg, 0, critic_lr=cfg.lr_d), cfg, cfg.batch_size)  # the CPU: no graphs
+    assert not critic_graph.graphable(
+        new_state(cfg.replace(dpac_beta=0.5), 0, critic_lr=cfg.lr_d)
+    )  # DPAC's C interleaves
+    with critic_graph.critic_session(new_state(cfg, 0, critic_lr=cfg.lr_d), cfg, cfg.batch_size) as critic:
         assert isinstance(critic, critic_graph.EagerCritic)

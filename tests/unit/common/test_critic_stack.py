@@ -11,8 +11,8 @@ import torch
 
 from common.client_state import new_state
 from common.codec import decode_grads
-from common.critic_stack import StackedCritics, stackable
-from common.methods.gswgan import ClientDataError, answer_queries, answer_query
+from common.methods.gswgan.client import ClientDataError, answer_queries, answer_query
+from common.methods.gswgan.critic_stack import StackedCritics, stackable
 from common.privacy import NodePolicy
 from tests.helpers import gs_query, tiny_cfg
 
@@ -20,7 +20,7 @@ ATOL = 2e-5  # float rounding: grouped convolutions and batched products sum in 
 
 
 def states_of(cfg, clients=(0, 1, 2)):
-    return [new_state(cfg, k) for k in clients]
+    return [new_state(cfg, k, critic_lr=cfg.lr_d) for k in clients]
 
 
 def assert_same_client(a, b, atol=ATOL):
@@ -84,9 +84,9 @@ def test_refusals_and_unstackable_clients_go_their_own_way():
 
 
 def test_stack_clients_off_answers_one_by_one(monkeypatch):
-    from common.methods import gswgan
+    from common.methods.gswgan import client
 
-    monkeypatch.setattr(gswgan, "stacked_critic_phase", lambda *a: pytest.fail("stacked although stack_clients=False"))
+    monkeypatch.setattr(client, "stacked_critic_phase", lambda *a: pytest.fail("stacked although stack_clients=False"))
     cfg = tiny_cfg(num_clients=3, stack_clients=False)
     answers = answer_queries(states_of(cfg), cfg, [gs_query(cfg)] * 3, [NodePolicy()] * 3)
     assert [a.refused for a in answers] == [False, False, False]

@@ -12,13 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from common.dp_fedavg import (
-    aggregate_deltas,
-    apply_delta,
-    clip_delta,
-    delta_norm,
-    flatten_delta,
-)
+from common.methods.fedavg_gan.dp_fedavg import aggregate_deltas, apply_delta, clip_delta, delta_norm, flatten_delta
 
 Z_DIM, NUM_CLASSES = 10, 10
 

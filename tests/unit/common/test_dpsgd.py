@@ -15,14 +15,13 @@ from opacus import GradSampleModule
 from opacus.accountants import RDPAccountant
 from torch import Tensor, nn
 
-from common import dpsgd as dpgan_module
-from common.dpsgd import (
-    AdaptiveND,
+from common.calibration import calibrate_noise_multiplier
+from common.methods.dpgan import dpsgd as dpgan_module
+from common.methods.dpgan.adaptive import AdaptiveND, next_n_d
+from common.methods.dpgan.dpsgd import (
     DpDiscriminatorTrainer,
     build_dpgan_discriminator,
-    calibrate_noise_multiplier,
     interpolation_partners,
-    next_n_d,
     wgan_gp_sample_grads,
 )
 from common.models import build_discriminator
@@ -305,7 +304,7 @@ def test_calibrated_sigma_never_overshoots(target: float, sample_rate: float, st
 def test_dpac_classifier_dp_step_clips_each_example_by_hand():
     """C(x) = A x on two pixels: each example's CE gradient (p - e_y) x^T is clipped to C on its own,
     summed and divided by the expected batch B (σ = 0 so the arithmetic is exact)."""
-    from common.dpsgd import DpClassifierTrainer
+    from common.methods.dpgan.dp_classifier import DpClassifierTrainer
 
     C = torch.nn.Linear(2, 2, bias=False)
     with torch.no_grad():
@@ -325,7 +324,7 @@ def test_dpac_classifier_dp_step_clips_each_example_by_hand():
 
 
 def test_dpac_classifier_free_step_is_not_charged_and_leaves_no_rows():
-    from common.dpsgd import DpClassifierTrainer
+    from common.methods.dpgan.dp_classifier import DpClassifierTrainer
 
     torch.manual_seed(0)
     C = torch.nn.Linear(2, 2)

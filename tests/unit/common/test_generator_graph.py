@@ -5,7 +5,7 @@ CPU. Needs a GPU: skipped here, run on the lent GPU machine (scripts/gpu_run.sh 
 import pytest
 import torch
 
-from common.methods.gswgan import ServerGenerator
+from common.methods.gswgan.generator import ServerGenerator
 from tests.helpers import tiny_cfg
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from common.dpsgd import DpDiscriminatorTrainer
-from common.grouped_clip import equal_bounds, parameter_groups, scaled_bounds
+from common.methods.dpgan.dpsgd import DpDiscriminatorTrainer
+from common.methods.dpgan.grouped_clip import equal_bounds, parameter_groups, scaled_bounds
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook")
 

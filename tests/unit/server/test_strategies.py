@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from common.codec import GsAnswer, GsQuery, validate_query
-from common.config import ExperimentConfig
 from common.messages import LedgerReply
-from common.methods.dpgan import DpganReply
-from common.methods.fedavg_gan import FedAvgReply
+from common.methods import ExperimentConfig
+from common.methods.dpgan.messages import DpganReply
+from common.methods.fedavg_gan.messages import FedAvgReply
+from common.methods.gswgan.messages import GsAnswer, GsQuery, validate_query
 from common.models import build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_RAW_DELTA
 from common.privacy.sampling import VOID_SAMPLING_SEED
 from protos import wire
-from server.strategies import build_strategy
-from server.strategies.base import Incoming
+from server.strategy import Incoming, build_strategy
 
 B, N_CRITIC = 4, 2
 
@@ -36,7 +35,7 @@ def make(strategy: str, tmp_path, **changes):
             **changes,
         }
     )
-    s = build_strategy(cfg, 10, str(tmp_path))
+    s = build_strategy(cfg, 10)
     s.bind_nodes({101: 0, 102: 1, 103: 2})
     return cfg, s
 
@@ -47,7 +46,7 @@ def gs_answer(step=0, client=0, grad=None, **kw):
 
 
 def g_params(strategy):
-    return [p.detach().clone() for p in strategy.generator.model.parameters()]
+    return [p.detach().clone() for p in strategy.side.generator.model.parameters()]
 
 
 def test_gswgan_query_shape_and_uniform_labels(tmp_path):
@@ -76,7 +75,7 @@ def test_gswgan_sends_quantized_samples_and_keeps_the_unquantized_output_for_bac
     _, s = make("gswgan", tmp_path)
     (out,) = s.configure_step(0, [101])
     fakes, _ = validate_query(wire.decode(GsQuery, out.content), n_critic=N_CRITIC, num_classes=10)
-    attached = s._attached[101]
+    attached = s.side._attached[101]
     assert attached.requires_grad
     assert torch.abs(torch.from_numpy(fakes[-B:]) - attached.detach()).max() <= 0.5 / 255 + 1e-6
     assert not torch.equal(torch.from_numpy(fakes[-B:]), attached.detach())
@@ -87,10 +86,10 @@ def test_gswgan_valid_answer_moves_g_and_records_the_event(tmp_path):
     s.configure_step(0, [101])
     before = g_params(s)
     outcome = s.aggregate_step(0, [Incoming(101, gs_answer())])
-    assert outcome.took_step and s.steps_done == 1
-    assert any(not torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters(), strict=False))
+    assert outcome.took_step and s.side.steps_done == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.side.generator.model.parameters(), strict=False))
     # The smaller of the planned σ/√B (1.07/2) and what the client says it ran (0.5).
-    assert s.records.ledger_of(0).history == (PrivacyEvent(noise_multiplier=0.5, sample_rate=1.0),)
+    assert s.side.records.ledger_of(0).history == (PrivacyEvent(noise_multiplier=0.5, sample_rate=1.0),)
 
 
 @pytest.mark.parametrize(
@@ -114,8 +113,8 @@ def test_gswgan_unusable_replies_leave_g_alone_and_stay_charged_unless_refused(t
     before = g_params(s)
     outcome = s.aggregate_step(0, [reply])
     assert not outcome.took_step and getattr(outcome, field) == [101] and outcome.notes
-    assert all(torch.equal(a, b) for a, b in zip(before, s.generator.model.parameters(), strict=False))
-    assert s.records.ledger_of(0).queries == charged
+    assert all(torch.equal(a, b) for a, b in zip(before, s.side.generator.model.parameters(), strict=False))
+    assert s.side.records.ledger_of(0).queries == charged
     assert s.privacy_report()["clients"][0]["queries"] == charged
 
 
@@ -140,11 +139,11 @@ def test_gswgan_records_the_sampling_that_ran_per_step(tmp_path):
     cfg, s = make("gswgan", tmp_path)
     assert s.select_nodes([101, 102, 103])[0] in (101, 102, 103)
     assert s.select_nodes([101, 103])[0] in (101, 103)
-    history = s.server_ledger.history
+    history = s.side.server_ledger.history
     assert [(e.sample_rate, e.population, e.sampling) for e in history] == [(1 / 3, 3, "wor"), (1 / 2, 2, "wor")]
     assert history[0].noise_multiplier == pytest.approx(cfg.noise_multiplier / 2) and not history[0].void
     report = s.privacy_report(final=True)["epsilon_amplified"]
-    assert report["epsilon"] == pytest.approx(s.server_ledger.epsilon(delta=cfg.delta)) and report["steps"] == 2
+    assert report["epsilon"] == pytest.approx(s.side.server_ledger.epsilon(delta=cfg.delta)) and report["steps"] == 2
 
 
 def test_gswgan_sampling_is_secret_unless_the_testing_flag_makes_it_reproducible_and_void(tmp_path):
@@ -163,19 +162,19 @@ def test_fedavg_clips_and_divides_by_the_fixed_number_sampled(tmp_path):
     cfg, s = make("fedavg-gan", tmp_path, fedavg_noise_multiplier=0.0, fedavg_clip=0.1, noise_seed=0)
     outs = s.configure_step(0, [101, 102])
     assert {"generator", "discriminator"} <= set(outs[0].content.array_records)
-    d0 = {k: v.clone() for k, v in s.discriminator.state_dict().items()}
+    d0 = {k: v.clone() for k, v in s.side.discriminator.state_dict().items()}
     big = {k: torch.full_like(v, 10.0) for k, v in d0.items() if v.is_floating_point()}
     reply = wire.encode(FedAvgReply(step=0, delta=big))
     outcome = s.aggregate_step(0, [Incoming(101, reply), Incoming(102, None, "gone")])
     assert outcome.took_step and outcome.failed_nodes == [102]
-    moved = torch.cat([(s.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
+    moved = torch.cat([(s.side.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
     # one clipped delta (norm S=0.1) divided by m=2 sampled, not by the 1 that replied
     assert moved.norm().item() == pytest.approx(0.1 / 2, rel=1e-4)
     report = s.privacy_report(final=True)
     sent, never = report["clients"][:2], report["clients"][2]
     assert all(c["epsilon"] is None and VOID_RAW_DELTA in c["epsilon_reason"] for c in sent)
     assert (never["queries"], never["epsilon"]) == (0, 0.0)  # a client that sent nothing released nothing
-    (event,) = s.server_ledger.history
+    (event,) = s.side.server_ledger.history
     assert (event.sampling, event.sample_rate, event.noise_multiplier) == ("poisson", 2 / 3, 0.0)
 
 
@@ -201,7 +200,7 @@ def test_fedavg_drops_a_delta_that_does_not_fit_d_marks_its_sender_and_keeps_the
     marked its sender and named a list index; with m = K the run stalled with 0 steps."""
     cfg, s = make("fedavg-gan", tmp_path, fedavg_noise_multiplier=0.0, fedavg_clip=0.1, noise_seed=0)
     s.configure_step(0, [101, 102])
-    d0 = {k: v.clone() for k, v in s.discriminator.state_dict().items()}
+    d0 = {k: v.clone() for k, v in s.side.discriminator.state_dict().items()}
     big = {k: torch.full_like(v, 10.0) for k, v in d0.items() if v.is_floating_point()}
     replies = [Incoming(101, wire.encode(FedAvgReply(step=0, delta=big)))]
     replies.append(Incoming(102, wire.encode(FedAvgReply(step=0, delta=forge(big)))))
@@ -209,9 +208,9 @@ def test_fedavg_drops_a_delta_that_does_not_fit_d_marks_its_sender_and_keeps_the
     assert outcome.took_step and outcome.failed_nodes == [102]
     (note,) = outcome.notes
     assert "node 102 (client 1) sent a malformed delta" in note and cause in note, note
-    moved = torch.cat([(s.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
+    moved = torch.cat([(s.side.discriminator.state_dict()[k] - d0[k]).flatten() for k in big])
     assert moved.norm().item() == pytest.approx(0.1 / 2, rel=1e-4)  # the honest delta alone, over m = 2
-    assert len(s.server_ledger.history) == 1  # the round released a noised D: it is accounted
+    assert len(s.side.server_ledger.history) == 1  # the round released a noised D: it is accounted
 
 
 def test_fedavg_samples_each_client_independently(tmp_path):
@@ -242,12 +241,12 @@ def test_dpgan_takes_the_curators_generator_and_ledger(tmp_path):
     )
     outcome = s.aggregate_step(0, [Incoming(101, reply)])
     assert outcome.took_step
-    for a, b in zip(gen.state_dict().values(), s.generator.state_dict().values(), strict=False):
+    for a, b in zip(gen.state_dict().values(), s.side.generator.state_dict().values(), strict=False):
         assert torch.equal(a, b)
     report = s.privacy_report(final=True)
     # The reply's ledger covers every step so far: it replaces the charge made when the round was sent.
     assert report["clients"][0]["epsilon"] == pytest.approx(ledger.epsilon(delta=cfg.delta))
-    assert report["summary_extra"]["discriminator_steps"] == 5
+    assert report["parameters"]["discriminator_steps"] == 5
     assert s.select_nodes([102, 101, 103]) == [101]  # only the curator (client 0) is ever asked
 
 
@@ -320,4 +319,4 @@ def test_dpgan_refuses_a_generator_that_cannot_be_g_and_keeps_its_own(tmp_path, 
     assert "malformed reply" in note and cause in note, note
     for k, v in s.released_generator().state_dict().items():
         assert torch.equal(v, before[k]), k
-    assert s.records.ledger_of(0).queries == cfg.dpgan_n_d  # the round sent stays charged
+    assert s.side.records.ledger_of(0).queries == cfg.dpgan_n_d  # the round sent stays charged

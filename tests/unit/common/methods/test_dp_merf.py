@@ -10,19 +10,13 @@ import torch
 from common.calibration import ledger_epsilon
 from common.client_state import new_state
 from common.codec import PayloadError
-from common.config import ConfigError, ExperimentConfig
-from common.methods.dp_merf import (
-    FeatureMap,
-    MerfGenerator,
-    MerfRelease,
-    MerfRequest,
-    calibrate,
-    class_means,
-    clip_summary,
-    embed,
-    honest_norm_bound,
-    release,
-)
+from common.config import ConfigError
+from common.methods import ExperimentConfig
+from common.methods.dp_merf.client import clip_summary, release
+from common.methods.dp_merf.features import FeatureMap, class_means, embed
+from common.methods.dp_merf.generator import MerfGenerator
+from common.methods.dp_merf.messages import MerfRelease, MerfRequest
+from common.methods.dp_merf.privacy import calibrate, honest_norm_bound
 from common.privacy import NodePolicy, PrivacyLedger
 
 
@@ -114,7 +108,7 @@ def test_calibration_recomputes_from_a_ledger():
 
 
 def release_event(c):
-    from common.methods.dp_merf import planned_event
+    from common.methods.dp_merf.privacy import planned_event
 
     return planned_event(c)
 
@@ -175,8 +169,10 @@ def test_the_server_fits_g_to_the_target_and_reads_the_class_shares():
 
 def test_small_partitions_are_fine_for_a_method_that_draws_no_batches():
     from common.data import check_partition_sizes
+    from common.methods import method
 
     small = dict(synthetic_samples_per_writer=5, batch_size=32)
-    assert check_partition_sizes(cfg(**small)) == [5, 5, 5, 5]
+    merf = cfg(**small)
+    assert check_partition_sizes(merf, need=method(merf.strategy).min_client_images(merf)) == [5, 5, 5, 5]
     with pytest.raises(ConfigError, match="batch_size=32: larger than a client's partition"):
         cfg(**small, strategy="gswgan")

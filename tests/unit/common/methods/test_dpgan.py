@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from common.config import ExperimentConfig
-from common.methods.dpgan import new_node
+from common.methods import ExperimentConfig
+from common.methods.dpgan.curator import new_node
 from common.privacy.sampling import VOID_SAMPLING_SEED
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from common.dp_fedavg import apply_delta, delta_norm
-from common.methods.fedavg_gan import client_update, server_generator_steps
+from common.methods.fedavg_gan.client import client_update
+from common.methods.fedavg_gan.dp_fedavg import apply_delta, delta_norm
+from common.methods.fedavg_gan.server import server_generator_steps
 from common.models import build_discriminator, build_generator
 
 Z_DIM, NUM_CLASSES = 10, 10

@@ -5,21 +5,12 @@ import pytest
 import torch
 
 from client import state as client_state
-from common.codec import (
-    GsQuery,
-    PayloadError,
-    decode_grads,
-    encode_samples,
-    quantize_samples,
-)
-from common.config import ExperimentConfig
-from common.methods.gswgan import (
-    answer_query,
-    planned_event,
-    replay_buffer,
-    select_critic_fakes,
-    warm_start,
-)
+from common.codec import PayloadError, decode_grads, encode_samples, quantize_samples
+from common.methods import ExperimentConfig
+from common.methods.gswgan.client import answer_query
+from common.methods.gswgan.critic import replay_buffer, select_critic_fakes, warm_start
+from common.methods.gswgan.messages import GsQuery
+from common.methods.gswgan.privacy import planned_event
 from tests.helpers import gs_query
 
 
@@ -31,7 +22,7 @@ def cfg():
 
 
 def test_answer_records_exactly_one_event(cfg):
-    state = client_state.new_state(cfg, 1)
+    state = client_state.new_state(cfg, 1, critic_lr=cfg.lr_d)
     answer = answer_query(state, cfg, gs_query(cfg))
     assert not answer.refused
     assert decode_grads(answer.grad, answer.grad_encoding, batch_size=8).shape == (8, 1, 28, 28)
@@ -41,7 +32,7 @@ def test_answer_records_exactly_one_event(cfg):
 
 
 def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     q = gs_query(cfg)
     q.fake = q.fake[:-1]
     with pytest.raises(PayloadError):
@@ -51,7 +42,7 @@ def test_malformed_query_is_rejected_before_any_ledger_entry(cfg):
 
 def test_budget_refusal_spends_nothing(cfg):
     tight = cfg.replace(client_epsilon_budget=1.0)
-    state = client_state.new_state(tight, 0)
+    state = client_state.new_state(tight, 0, critic_lr=tight.lr_d)
     answer = answer_query(state, tight, gs_query(tight))
     assert answer.refused and "budget" in answer.reason and answer.grad is None
     assert state.ledger.queries == 0
@@ -59,11 +50,11 @@ def test_budget_refusal_spends_nothing(cfg):
 
 
 def test_state_survives_a_new_process_exactly(cfg, tmp_path):
-    state = client_state.new_state(cfg, 1)
+    state = client_state.new_state(cfg, 1, critic_lr=cfg.lr_d)
     answer_query(state, cfg, gs_query(cfg, 0))
     client_state.save_state(state, tmp_path)
     client_state.clear_cache()  # as if the worker process were new
-    loaded = client_state.load_state(cfg, 1, tmp_path, version=state.version)
+    loaded = client_state.load_state(cfg, 1, tmp_path, version=state.version, critic_lr=cfg.lr_d)
     assert loaded is not state and loaded.ledger.queries == 1 and loaded.version == state.version
     for a, b in zip(
         state.discriminator.state_dict().values(), loaded.discriminator.state_dict().values(), strict=False
@@ -76,23 +67,23 @@ def test_state_survives_a_new_process_exactly(cfg, tmp_path):
 
 
 def test_cache_is_used_only_at_the_matching_version(cfg, tmp_path):
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     client_state.save_state(state, tmp_path)
-    assert client_state.load_state(cfg, 0, tmp_path, version=state.version) is state
+    assert client_state.load_state(cfg, 0, tmp_path, version=state.version, critic_lr=cfg.lr_d) is state
     state.version += 1  # advanced elsewhere, file not rewritten: the cache entry is stale
-    assert client_state.load_state(cfg, 0, tmp_path, version=99) is not state
+    assert client_state.load_state(cfg, 0, tmp_path, version=99, critic_lr=cfg.lr_d) is not state
 
 
 def test_corrupt_state_file_is_a_clear_error(cfg, tmp_path):
     client_state.clear_cache()
     client_state.state_path(tmp_path, 0).write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="unreadable"):
-        client_state.load_state(cfg, 0, tmp_path, version=1)
+        client_state.load_state(cfg, 0, tmp_path, version=1, critic_lr=cfg.lr_d)
 
 
 def test_warm_start_trains_d_without_privacy_cost(cfg):
     warm = cfg.replace(warmup_steps=4)
-    state = client_state.new_state(warm, 0)
+    state = client_state.new_state(warm, 0, critic_lr=warm.lr_d)
     before = [p.detach().clone() for p in state.discriminator.parameters()]
     warm_start(state, warm)
     assert state.warmed_up and state.ledger.queries == 0
@@ -108,7 +99,7 @@ def test_float16_is_the_cast_of_the_noisy_float32_gradient_and_the_ledger_is_unc
     out = {}
     for dtype in ("float32", "float16"):
         c = cfg.replace(wire_dtype=dtype)
-        state = client_state.new_state(c, 1)
+        state = client_state.new_state(c, 1, critic_lr=c.lr_d)
         out[dtype] = (answer_query(state, c, gs_query(c)), state.ledger)
     (a32, led32), (a16, led16) = out["float32"], out["float16"]
     assert a32.grad_encoding.startswith("float32") and a16.grad_encoding.startswith("float16")
@@ -125,15 +116,15 @@ def test_client_trains_and_differentiates_at_the_dequantized_images(cfg):
     levels, tag = encode_samples(q.fake, "uint8", compress=True)
     as_uint8 = GsQuery(step=0, batch_size=8, fake=levels, labels=q.labels, fake_encoding=tag)
     dequantized = GsQuery(step=0, batch_size=8, labels=q.labels, fake=quantize_samples(q.fake).astype(np.float32) / 255)
-    a = answer_query(client_state.new_state(cfg, 1), cfg, as_uint8)
-    b = answer_query(client_state.new_state(cfg, 1), cfg, dequantized)
+    a = answer_query(client_state.new_state(cfg, 1, critic_lr=cfg.lr_d), cfg, as_uint8)
+    b = answer_query(client_state.new_state(cfg, 1, critic_lr=cfg.lr_d), cfg, dequantized)
     np.testing.assert_array_equal(_grads(a), _grads(b))
 
 
 @pytest.mark.parametrize("mode", ["query", "replay"])
 def test_reused_critic_fakes_need_one_batch_pergs_query(cfg, mode):
     reuse = cfg.replace(critic_fakes=mode, replay_batches=2)
-    state = client_state.new_state(reuse, 0)
+    state = client_state.new_state(reuse, 0, critic_lr=reuse.lr_d)
     with pytest.raises(PayloadError, match="shape"):
         answer_query(state, reuse, gs_query(cfg))  # a query with fresh critic batches
     for step in range(3):
@@ -144,7 +135,7 @@ def test_reused_critic_fakes_need_one_batch_pergs_query(cfg, mode):
 
 def test_replay_draws_from_the_buffer_and_the_queried_batch(cfg):
     reuse = cfg.replace(critic_fakes="replay", replay_batches=1, n_critic=4)
-    state = client_state.new_state(reuse, 0)
+    state = client_state.new_state(reuse, 0, critic_lr=reuse.lr_d)
     ones, zeros, y = torch.ones(8, 1, 28, 28), torch.zeros(8, 1, 28, 28), torch.zeros(8, dtype=torch.long)
     first, _ = select_critic_fakes(state, reuse, ones, y, 8)
     assert first.shape == (32, 1, 28, 28) and torch.all(first == 1)  # empty buffer: the queried batch
@@ -156,10 +147,10 @@ def test_replay_draws_from_the_buffer_and_the_queried_batch(cfg):
 
 def test_only_the_sanitized_gradient_leaves_a_client_unless_stats_are_asked_for(cfg):
     """Critic statistics come from private data without noise: they must not leave by default."""
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     assert answer_query(state, cfg, gs_query(cfg)).stats == {}
     debug = cfg.replace(client_stats=True)
-    stats = answer_query(client_state.new_state(debug, 0), debug, gs_query(debug)).stats
+    stats = answer_query(client_state.new_state(debug, 0, critic_lr=debug.lr_d), debug, gs_query(debug)).stats
     assert {"wasserstein", "grad_norm_mean", "clip_fraction"} <= set(stats)
 
 
@@ -168,22 +159,22 @@ def test_releases_made_with_a_debugging_option_are_recorded_as_not_private(cfg):
     the client's own ledger says so, and its ε is unbounded."""
     from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     answer_query(state, cfg, gs_query(cfg))
     assert state.ledger.void_reasons == (VOID_NOISE_SEED,) and state.ledger.epsilon(delta=cfg.delta) == np.inf
     stats_cfg = cfg.replace(noise_seed=-1, client_stats=True)
-    stats_state = client_state.new_state(stats_cfg, 0)
+    stats_state = client_state.new_state(stats_cfg, 0, critic_lr=stats_cfg.lr_d)
     answer_query(stats_state, stats_cfg, gs_query(stats_cfg))
     assert stats_state.ledger.void_reasons == (VOID_CLIENT_STATS,)
     private = cfg.replace(noise_seed=-1)
-    clean = client_state.new_state(private, 0)
+    clean = client_state.new_state(private, 0, critic_lr=private.lr_d)
     answer_query(clean, private, gs_query(private))
     assert clean.ledger.void_reasons == () and np.isfinite(clean.ledger.epsilon(delta=cfg.delta))
 
 
 def test_a_query_with_another_batch_size_is_refused(cfg):
     """B sets the noise multiplier σ/√B of the release: only the run's B is answered."""
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     q = gs_query(cfg.replace(batch_size=16))
     answer = answer_query(state, cfg, q)
     assert answer.refused and "B = 16" in answer.reason and state.ledger.queries == 0
@@ -193,7 +184,7 @@ def test_the_nodes_budget_holds_whatever_the_server_asks(cfg):
     from common.privacy import NodePolicy
 
     private = cfg.replace(noise_seed=-1)  # the server asks for no budget at all
-    state = client_state.new_state(private, 0)
+    state = client_state.new_state(private, 0, critic_lr=private.lr_d)
     policy = NodePolicy(max_epsilon=40.0)
     answers = [answer_query(state, private, gs_query(private, step), policy) for step in range(30)]
     assert any(a.refused for a in answers) and "budget 40" in next(a.reason for a in answers if a.refused)
@@ -205,7 +196,7 @@ def test_the_server_applies_the_clients_gradient_straight_through_the_quantizati
     send at G(z) itself, as if q were the identity (its true derivative is zero almost everywhere).
     G's gradient is exactly d/dθ <G(z), g> / divisor, Adam moves G, and the EMA (the release) follows."""
     from common.codec import dequantize_samples, quantize_samples
-    from common.methods.gswgan import ServerGenerator
+    from common.methods.gswgan.generator import ServerGenerator
 
     cfg = ExperimentConfig(model="tiny", batch_size=4, n_critic=1, ema_decay=0.5)
     server = ServerGenerator(cfg, num_classes=10)
