@@ -5,11 +5,11 @@ samples (``ServerGenerator.query_batches``), one of K clients (round robin, each
 Adam moments and partition, all resident on the device) runs its n_critic WGAN-GP steps and the
 per-sample generator gradient, clips and noises it (``sanitize_sample_grads``, noise drawn from a
 CPU generator as in a run), and the server backpropagates it through G, steps Adam and the EMA.
-The functions are the ones ``common/methods/gswgan.py`` runs, so the figure is the run's.
+The functions are the ones GS-WGAN's folder (``common/methods/gswgan/``) runs, so the figure is the run's.
 
 Two arms, side by side in one process: ``eager`` (the client's own modules, kernel by kernel) and
 ``graphs`` (``--cuda-graphs``: the client's critic steps and release gradient replayed from CUDA
-graphs, ``common/critic_graph.py``; the same as eager off a GPU). Each arm also times a client's
+graphs, ``common/methods/gswgan/critic_graph.py``; the same as eager off a GPU). Each arm also times a client's
 non-private warm start per critic iteration (``--warm-iters``), what a paper-scale run's first
 contacts spend most of their time on.
 

@@ -4,7 +4,7 @@ Both arms run the method's own functions on the same clients, side by side in on
 alternate, repeated): the server draws m query batches (``ServerGenerator.query_batches``), each
 sampled client selects its critic fakes, then either ``stacked_critic_phase`` (every client's
 n_critic WGAN-GP steps and per-sample gradients as one grouped-convolution network,
-``common/critic_stack.py``) or ``answer_pending`` per client; each answer is sanitized with its
+``common/methods/gswgan/critic_stack.py``) or ``answer_pending`` per client; each answer is sanitized with its
 client's noise and wire-encoded, and G steps once on the m answers. K clients are resident and
 the m of each step are taken round robin, so every client's state (D, Adam, power iteration)
 carries over between its turns as in a run.

@@ -26,7 +26,7 @@ MAX_NOISE_MULTIPLIER = 1e6
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What every run has, whatever its method (each method's own section lives in its slice)."""
+    """What every run has, whatever its method (each method's own section lives in its folder)."""
 
     # --- what to run -------------------------------------------------------------------------
     strategy: str = option("", "training strategy: the method (the registry composes its choices and default)")

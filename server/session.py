@@ -41,6 +41,8 @@ class NodeRefused(RuntimeError):
 
 
 class Transport(Protocol):
+    setup_totals: tuple[int, int]  # bytes (down, up) of what set the transport up (a data plane's kick-off)
+
     def node_ids(self, expected: int) -> list[int]: ...
 
     def exchange(self, outgoing: list, *, timeout_s: float | None = None) -> Exchange: ...

@@ -70,6 +70,7 @@ class ServerBase:
     """The ledger-keeping part of every method's server side (see the module docstring)."""
 
     reply_noun = "reply"  # what the notes call one of its replies ("a malformed delta")
+    progress_metrics: dict[str, str] = {}  # label -> step metric shown beside ε on the progress bar
     epsilon_kind = ""  # what its headline ε protects, against whom (``common/privacy/statement.py``)
     accounting = ""  # the rule its headline ε is composed by
 

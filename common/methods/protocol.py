@@ -107,11 +107,13 @@ class ClientNode(Protocol):
     def releases_by(self, method: str) -> int: ...
 
 
+@runtime_checkable
 class ServerSide(Protocol):
     """A method's server side, wire-free: whom to ask, what to send, what the replies do, and the
     privacy report. The one round loop (``server/loop.py``) drives it through the server shell."""
 
     node_client: dict[int, int]
+    progress_metrics: dict[str, str]  # label -> a step metric the progress bar shows when present
 
     def bind_nodes(self, node_client: dict[int, int]) -> None: ...
 

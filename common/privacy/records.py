@@ -3,8 +3,8 @@
 Two records exist for every client and reports keep the larger (``PrivacyLedger.exceeds``):
 
 - the server's record, charged when a message that may produce a release is *sent* (a reply lost to
-  a timeout or a crash may still have been answered, and charged, on the client); a strategy
-  withdraws nothing but what an explicit refusal proves was not released;
+  a timeout or a crash may still have been answered, and charged, on the client); a method's
+  server side withdraws nothing but what an explicit refusal proves was not released;
 - the client's own ledger, sent with its hello (so a resumed run's live ε is current) and fetched
   at the end of the run (also from nodes that failed, best effort).
 

@@ -263,6 +263,11 @@ class DpDiscriminatorTrainer:
         with torch.no_grad():
             return self.D(fake, fake_y)
 
+    @property
+    def group_bounds(self) -> list[float] | None:
+        """The per-group clipping bounds (None without a grouping): kept with the curator's state."""
+        return None if self.grouping == "none" else list(self.optimizer.bounds)
+
     def set_public_bounds(self, real: Tensor, real_y: Tensor, fake: Tensor, fake_y: Tensor) -> list[float]:
         """Group bounds from PUBLIC rows (public real examples and fakes): proportional to each group's
         median per-row gradient norm, rescaled to the total bound C, so noise and ε stay as they were.

@@ -6,7 +6,7 @@ bias in the other; ``layer``: each parameter tensor its own). Example i's gradie
 group j is clipped to C_j. Its whole gradient then has norm ≤ √Σ_j C_j²: that, not any one C_j, is
 the sensitivity of the summed batch, and the noise must be calibrated to it. Schwabedal et al.
 (papers/) found dpGAN's published code clipping per group while adding noise for one bound, which
-leaves its analysis inapplicable; ``tests/unit/common/test_grouped_clip.py`` fails if the bounds are
+leaves its analysis inapplicable; ``tests/unit/common/methods/dpgan/test_grouped_clip.py`` fails if the bounds are
 not reflected in the noise.
 
 Two correct noise forms, both one Gaussian mechanism with noise multiplier σ (the ledger's event is

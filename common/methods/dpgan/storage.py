@@ -38,7 +38,7 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "steps_taken": node.trainer.steps_taken,
         "sampler": node.sampler.state_dict(),
         "public_warmed": node.public_warmed,
-        "group_bounds": getattr(node.trainer.optimizer, "bounds", None),
+        "group_bounds": node.trainer.group_bounds,
         **_classifier_blob(node),
     }
     save_tensors(blob, path)
@@ -86,7 +86,7 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.sampler.load_state_dict(blob.get("sampler", {}))
         node.trainer.steps_taken = int(blob["steps_taken"])
         node.public_warmed = bool(blob.get("public_warmed", True))
-        if blob.get("group_bounds") and hasattr(node.trainer.optimizer, "set_bounds"):
+        if blob.get("group_bounds") and node.trainer.group_bounds is not None:
             node.trainer.optimizer.set_bounds(list(blob["group_bounds"]))
         if node.classifier is not None and "C" in blob:
             node.classifier.C.load_state_dict(blob["C"])

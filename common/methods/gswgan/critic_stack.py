@@ -13,7 +13,7 @@ loss depends on its own weights, its own real batch (drawn with its own RNG) and
 it alone, and the gradient of the summed loss with respect to client k's weights is client k's
 gradient. Spectral norm's power iteration and Adam run per client on its own slice (its own step
 count). So every client ends with the weights, power-iteration vectors and Adam moments it would
-have reached alone, up to float rounding (``tests/unit/common/test_critic_stack.py`` compares both
+have reached alone, up to float rounding (``tests/unit/common/methods/gswgan/test_critic_stack.py`` compares both
 ways), and what it releases is sanitized, noised and charged by itself as before.
 
 Only GS-WGAN's projection discriminator with spectral norm (every preset) in training mode is

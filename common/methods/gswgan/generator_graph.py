@@ -1,6 +1,6 @@
 """The server's side of a GS-WGAN step replayed from CUDA graphs: the query's samples, G's update.
 
-Why: with the clients' critic phases captured (``common/critic_graph.py``), a step at the paper's
+Why: with the clients' critic phases captured (``critic_graph.py``), a step at the paper's
 networks is bound by the server's eager kernels: two generator forwards, the backward of the
 sanitized gradient through G, Adam and the EMA, ~700 launches from Python per step.
 

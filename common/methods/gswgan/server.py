@@ -43,6 +43,7 @@ CLIENT_STAT_KEYS = 16  # what --client-stats sends: the critic's statistics and 
 
 class GsWganServer(ServerBase):
     reply_noun = "answer"
+    progress_metrics = {"w": "train/wasserstein"}  # only with --client-stats: clients keep it private otherwise
     epsilon_kind = KIND_PER_CLIENT
     accounting = RULE_PER_CLIENT
 
@@ -154,8 +155,16 @@ class GsWganServer(ServerBase):
 
     def parameters(self) -> dict[str, Any]:
         cfg = self.cfg
-        names = ("clients_per_step", "noise_multiplier", "clip", "wire_dtype", "wire_samples", "wire_compression")
-        return {name: getattr(cfg, name) for name in (*names, "critic_fakes", "client_stats")}
+        return {
+            "clients_per_step": cfg.clients_per_step,
+            "noise_multiplier": cfg.noise_multiplier,
+            "clip": cfg.clip,
+            "wire_dtype": cfg.wire_dtype,
+            "wire_samples": cfg.wire_samples,
+            "wire_compression": cfg.wire_compression,
+            "critic_fakes": cfg.critic_fakes,
+            "client_stats": cfg.client_stats,
+        }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
         return statement(self.cfg, ledgers, self.server_ledger, prior=self.prior.description)

@@ -1,17 +1,26 @@
 """GS-WGAN's client side (its core, no Flower): the query answer, refusals, warm start, critic fakes, state."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from client import state as client_state
 from common.codec import PayloadError, decode_grads, encode_samples, quantize_samples
+from common.messages import LedgerReply
 from common.methods import ExperimentConfig
 from common.methods.gswgan.client import answer_query
 from common.methods.gswgan.critic import replay_buffer, select_critic_fakes, warm_start
-from common.methods.gswgan.messages import GsQuery
+from common.methods.gswgan.messages import GsAnswer, GsQuery, validate_query
 from common.methods.gswgan.privacy import planned_event
-from tests.helpers import gs_query
+from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
+from common.privacy.sampling import VOID_SAMPLING_SEED
+from protos import wire
+from server.strategy import Incoming
+from tests.helpers import federation, gs_query, make_strategy, one_step, tiny_cfg
 
 
 @pytest.fixture
@@ -219,3 +228,139 @@ def test_the_server_applies_the_clients_gradient_straight_through_the_quantizati
     server.apply([attached], [grad], divisor=8.0)
     for old, new, live in zip(ema_before, server.ema.module.parameters(), params, strict=True):
         torch.testing.assert_close(new, (2 / 11) * old + (9 / 11) * live.detach())
+
+
+# --- the server side (through the server's shell: replies as a transport hands them) ---------------
+B, N_CRITIC = 4, 2  # the server side's tests: make_strategy's batch and critic steps
+
+
+def gs_answer(step=0, client=0, grad=None, **kw):
+    grad = np.ones((B, 1, 28, 28), np.float32) if grad is None else grad
+    return wire.encode(GsAnswer(step=step, grad=grad, noise_multiplier=0.5, **kw))
+
+
+def g_params(strategy):
+    return [p.detach().clone() for p in strategy.side.generator.model.parameters()]
+
+
+def test_gswgan_query_shape_and_uniform_labels(tmp_path):
+    _, s = make_strategy("gswgan")
+    (out,) = s.configure_step(0, [101])
+    query = wire.decode(GsQuery, out.content)
+    assert out.message_type == "train.gswgan" and out.node_id == 101
+    assert query.fake_encoding == "uint8+deflate" and query.labels.dtype == np.uint8
+    fakes, labels = validate_query(query, n_critic=N_CRITIC, num_classes=10)
+    assert fakes.shape == ((N_CRITIC + 1) * B, 1, 28, 28) and query.batch_size == B
+    assert labels.min() >= 0 and labels.max() < 10
+
+
+@pytest.mark.parametrize("mode", ["query", "replay"])
+def test_gswgan_reused_critic_fakes_send_only_the_queried_batch(tmp_path, mode):
+    _, s = make_strategy("gswgan", critic_fakes=mode)
+    (out,) = s.configure_step(0, [101])
+    fakes, labels = validate_query(
+        wire.decode(GsQuery, out.content), n_critic=N_CRITIC, num_classes=10, critic_fakes=mode
+    )
+    assert fakes.shape == (B, 1, 28, 28) and labels.shape == (B,)
+
+
+def test_gswgan_sends_quantized_samples_and_keeps_the_unquantized_output_for_backprop(tmp_path):
+    """Straight-through: the client sees q(G(z)); the server backpropagates at G(z) itself."""
+    _, s = make_strategy("gswgan")
+    (out,) = s.configure_step(0, [101])
+    fakes, _ = validate_query(wire.decode(GsQuery, out.content), n_critic=N_CRITIC, num_classes=10)
+    attached = s.side._attached[101]
+    assert attached.requires_grad
+    assert torch.abs(torch.from_numpy(fakes[-B:]) - attached.detach()).max() <= 0.5 / 255 + 1e-6
+    assert not torch.equal(torch.from_numpy(fakes[-B:]), attached.detach())
+
+
+def test_gswgan_valid_answer_moves_g_and_records_the_event(tmp_path):
+    _, s = make_strategy("gswgan")
+    s.configure_step(0, [101])
+    before = g_params(s)
+    outcome = s.aggregate_step(0, [Incoming(101, gs_answer())])
+    assert outcome.took_step and s.side.steps_done == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.side.generator.model.parameters(), strict=False))
+    # The smaller of the planned σ/√B (1.07/2) and what the client says it ran (0.5).
+    assert s.side.records.ledger_of(0).history == (PrivacyEvent(noise_multiplier=0.5, sample_rate=1.0),)
+
+
+@pytest.mark.parametrize(
+    "reply, field, charged",
+    [
+        (Incoming(101, None, "timeout"), "failed_nodes", 1),
+        (Incoming(101, gs_answer(grad=np.full((B, 1, 28, 28), np.nan, np.float32))), "failed_nodes", 1),
+        (Incoming(101, gs_answer(step=7)), "failed_nodes", 1),
+        (
+            Incoming(101, wire.encode(GsAnswer(step=0, refused=True, reason="budget"))),
+            "exhausted_nodes",
+            0,
+        ),
+    ],
+)
+def test_gswgan_unusable_replies_leave_g_alone_and_stay_charged_unless_refused(tmp_path, reply, field, charged):
+    """The query was charged when sent: a lost or malformed reply may have been answered (and charged)
+    on the client, so the server's record keeps it; only an explicit refusal releases nothing."""
+    _, s = make_strategy("gswgan")
+    s.configure_step(0, [101])
+    before = g_params(s)
+    outcome = s.aggregate_step(0, [reply])
+    assert not outcome.took_step and getattr(outcome, field) == [101] and outcome.notes
+    assert all(torch.equal(a, b) for a, b in zip(before, s.side.generator.model.parameters(), strict=False))
+    assert s.side.records.ledger_of(0).queries == charged
+    assert s.privacy_report()["clients"][0]["queries"] == charged
+
+
+def test_gswgan_reports_the_larger_of_the_clients_ledger_and_its_own_record(tmp_path):
+    """A client whose state file was lost reports a smaller ledger; one that answered late a larger
+    one: neither silently replaces the other."""
+    _, s = make_strategy("gswgan")
+    for step in range(3):
+        s.configure_step(step, [101])
+        s.aggregate_step(step, [Incoming(101, gs_answer(step=step))])
+    lost = PrivacyLedger([PrivacyEvent(noise_multiplier=0.5)])
+    reply = wire.encode(LedgerReply(ledger=json.dumps(lost.state_dict())))
+    notes = s.absorb_ledgers([Incoming(101, reply)])
+    assert s.privacy_report()["clients"][0]["queries"] == 3 and "the larger is reported" in notes[0]
+    late = PrivacyLedger([PrivacyEvent(noise_multiplier=0.5, count=5)])
+    s.absorb_ledgers([Incoming(101, wire.encode(LedgerReply(ledger=json.dumps(late.state_dict()))))])
+    assert s.privacy_report()["clients"][0]["queries"] == 5
+
+
+def test_gswgan_records_the_sampling_that_ran_per_step(tmp_path):
+    """q_t = m/K_t over the clients still available, never m/K from the configuration."""
+    cfg, s = make_strategy("gswgan")
+    assert s.select_nodes([101, 102, 103])[0] in (101, 102, 103)
+    assert s.select_nodes([101, 103])[0] in (101, 103)
+    history = s.side.server_ledger.history
+    assert [(e.sample_rate, e.population, e.sampling) for e in history] == [(1 / 3, 3, "wor"), (1 / 2, 2, "wor")]
+    assert history[0].noise_multiplier == pytest.approx(cfg.noise_multiplier / 2) and not history[0].void
+    report = s.privacy_report(final=True)["epsilon_amplified"]
+    assert report["epsilon"] == pytest.approx(s.side.server_ledger.epsilon(delta=cfg.delta)) and report["steps"] == 2
+
+
+def test_gswgan_sampling_is_secret_unless_the_testing_flag_makes_it_reproducible_and_void(tmp_path):
+    nodes = list(range(100, 150))
+    picks = [[make_strategy("gswgan", num_clients=50)[1].select_nodes(nodes) for _ in range(8)] for _ in range(2)]
+    assert picks[0] != picks[1]  # the same --seed, different clients
+    seeded = [make_strategy("gswgan", num_clients=50, sampling_seed=9)[1] for _ in range(2)]
+    picks = [[s.select_nodes(nodes) for _ in range(8)] for s in seeded]
+    assert picks[0] == picks[1]
+    amplified = seeded[0].privacy_report()["epsilon_amplified"]
+    assert amplified["epsilon"] is None and VOID_SAMPLING_SEED in amplified["epsilon_reason"]
+    assert seeded[0].privacy_report()["not_private"] == []  # the per-client headline still stands
+
+
+# --- the client side (through the client's shell: real nodes in this process) ---------------------
+def test_nodes_answer_a_step_together_each_charging_its_own_node_ledger(tmp_path):
+    """Two nodes of one process answer one step (their critic phases stacked): each release is in
+    its node's own ledger before the reply leaves; a node not asked released nothing."""
+    cfg = tiny_cfg(tmp_path)
+    transport, nodes = federation(cfg)
+    strategy, outcome = one_step(cfg, transport, nodes, asked=[0, 1])
+    assert outcome.took_step and not outcome.failed_nodes and not outcome.exhausted_nodes
+    root = os.environ[NODE_STATE_ENV]
+    books = [read_node_book(root, c) for c in range(3)]
+    assert [b.ledger.queries for b in books] == [1, 1, 0] and books[0].by_method == {"gswgan": 1}
+    assert books[0].ledger.history == strategy.side.records.ledger_of(0).history  # what the server charged

@@ -1,4 +1,4 @@
-"""The critic phase in a slot (common/critic_graph.py): clients copied into one template network
+"""The critic phase in a slot (common/methods/gswgan/critic_graph.py): clients copied into one template network
 and back end where their eager steps would have left them, query after query, clients taking
 turns in the slot, warm starts included, and release the same answers.
 
@@ -16,7 +16,7 @@ from common.methods.gswgan import critic_graph
 from common.methods.gswgan.client import answer_query
 from common.privacy import NodePolicy
 from tests.helpers import gs_query, tiny_cfg
-from tests.unit.common.test_critic_stack import assert_same_client
+from tests.unit.common.methods.gswgan.test_critic_stack import assert_same_client
 
 POLICY = NodePolicy(allow_nonprivate=True)
 

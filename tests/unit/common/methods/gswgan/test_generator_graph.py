@@ -1,4 +1,4 @@
-"""G's query and update replayed from CUDA graphs (common/generator_graph.py) give the samples, the
+"""G's query and update replayed from CUDA graphs (common/methods/gswgan/generator_graph.py) give the samples, the
 weights, Adam's state and the EMA the eager steps give, and its checkpoint resumes eagerly on the
 CPU. Needs a GPU: skipped here, run on the lent GPU machine (scripts/gpu_run.sh step)."""
 
