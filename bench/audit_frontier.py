@@ -20,8 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.calibration import prepare  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
+from common.methods import ExperimentConfig, prepare  # noqa: E402
 from simulations.experiments.audit import audit  # noqa: E402
 
 MERF = dict(strategy="dp-merf", model="small", num_clients=3000, steps=400, merf_clip=0.32)

@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.dpsgd import (  # noqa: E402
+from common.methods.dpgan.dpsgd import (  # noqa: E402
     GRAD_SAMPLE_MODES,
     DpDiscriminatorTrainer,
     build_dpgan_discriminator,

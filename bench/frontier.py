@@ -1,7 +1,6 @@
 """The privacy–utility frontier: every strategy at target ε ∈ {1, 10, 100, ∞}, evaluated one way.
 
-Each point is one ``fedgan simulate`` run (in-process transport; the CLI a user runs) on the same
-partitioned data, calibrated with ``--target-epsilon`` in the strategy's own headline unit:
+Each point: one ``fedgan simulate`` run (in-process) on the same data, at ``--target-epsilon`` in its own unit:
 
 - gswgan: per-client ε against an untrusted server (what a client's own ledger guarantees);
 - dpgan: example-level ε of the pooled data set (a trusted curator holds every example);
@@ -17,9 +16,9 @@ where it is installed) and must match the ε the run printed; a mismatch stops t
 
     python bench/frontier.py [--scale cpu] [--dataset fashion-mnist] [--jobs 2] [--only gswgan]
 
-Writes ``bench/results/frontier-<dataset>-<scale>.{json,md,png}`` and prints one line per point and
-one summary line. ``--scale cpu`` is this project's 2-core machine (small model, ≤ 1 h for the whole
-frontier); ``--scale paper`` is GS-WGAN's networks and step counts for a GPU (``--device cuda``).
+Writes ``bench/results/frontier-<dataset>-<scale>.{json,md,png}`` (the table: ``frontier_report.py``),
+one line per point and a summary line. ``--scale cpu``: this project's 2-core machine (small model,
+≤ 1 h in all); ``--scale paper``: GS-WGAN's networks and step counts for a GPU (``--device cuda``).
 """
 
 from __future__ import annotations
@@ -38,11 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.evaluation.plots import plot_frontier  # noqa: E402
-from common.methods import core  # noqa: E402
+from frontier_report import PUBLISHED, markdown  # noqa: E402  (bench/ is the script's folder)
+
+from common.evaluation.frontier_plot import plot_frontier  # noqa: E402
+from common.methods import method  # noqa: E402
 from common.privacy import PrivacyLedger  # noqa: E402
 
-TARGETS = (1.0, 10.0, 100.0, math.inf)
 UNITS = {
     "gswgan": "per-client, untrusted server",
     "dpgan": "example-level, trusted curator",
@@ -137,33 +137,6 @@ VARIANTS += [
     ("dp-merf", "kernel on pixels instead of the 10x10 DCT", ["--merf-dct", "0"]),
 ]
 
-PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
-    {
-        "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
-        "dataset": "Fashion-MNIST",
-        "method": "DP-GAN",
-        "epsilon": "10, example-level, centralized",
-        "fid": 76.9,
-        "gen2real": 0.703,
-    },
-    {
-        "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
-        "dataset": "Fashion-MNIST",
-        "method": "GS-WGAN",
-        "epsilon": "10, example-level, centralized",
-        "fid": 97.2,
-        "gen2real": 0.567,
-    },
-    {
-        "source": "DP-GAN revisited",
-        "dataset": "MNIST",
-        "method": "DP-GAN",
-        "epsilon": "10, example-level, centralized",
-        "fid": 13.0,
-        "gen2real": 0.950,
-    },
-]
-
 
 def variant_indices(spec: str) -> list[int]:
     """``--variants``: all, none, or comma-separated indices into ``VARIANTS``."""
@@ -213,7 +186,7 @@ def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict]
     A method whose clients are unbounded against the server (Fed-Avg's raw deltas) headlines the
     server's own ledger; the others headline their clients' ledgers (the largest one counts).
     """
-    if core(strategy).UNBOUNDED_AGAINST_SERVER:
+    if method(strategy).unbounded_against_server:
         amplified = privacy["epsilon_amplified"]
         return [amplified["ledger"]], [amplified["epsilon"]]
     queried = [c for c in privacy["clients"] if c["queries"]]
@@ -319,101 +292,6 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         "wall_s": wall,
         "run_dir": str(out),
     }
-
-
-def markdown(rows: list[dict[str, Any]], command: str) -> str:
-    def f(v: Any, spec: str) -> str:
-        return "—" if v is None else format(v, spec)
-
-    lines = [
-        f"Command: `{command}`",
-        "",
-        "| strategy | ε unit | target ε | ε spent (recomputed) | σ | FID (N) | domain FID | IS "
-        "| gen2real CNN / MLP | real2gen CNN | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in [r for r in rows if r.get("lever") is None and r.get("variant") is None]:
-        if "error" in r:
-            lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | |")
-            continue
-        eps = "∞ (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
-        fid = _fid_cell(r)
-        lines.append(
-            f"| {r['strategy']} | {r['epsilon_unit']} | {r['target']:g} | {eps} | {r['noise_multiplier']:.3g} | {fid} "
-            f"| {f(r['fid_domain'], '.1f')} | {f(r['inception_score'], '.2f')} "
-            f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} | {r['real2gen_cnn']:.1%} | {f(r['wall_s'], '.0f')} |"
-        )
-    levers = [r for r in rows if r.get("lever") is not None]
-    if levers:
-        lines += [
-            "",
-            f"GS-WGAN's free levers at target ε = {levers[0]['target']:g} (cumulative: each row adds one):",
-            "",
-            "| lever | ε spent | σ | FID (N) | domain FID | gen2real CNN / MLP | wall s |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in levers:
-            if "error" in r:
-                lines.append(f"| {r['lever']} | {r['error']} | | | | | |")
-                continue
-            fid = _fid_cell(r)
-            lines.append(
-                f"| {r['lever']} | {f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
-                f"| {f(r['fid_domain'], '.1f')} | {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
-                f"| {f(r['wall_s'], '.0f')} |"
-            )
-    lines += variant_table(rows)
-    lines += ["", "Published (not comparable as guarantees: example-level, one trusted curator):", ""]
-    lines += ["| source | data | method | ε | FID | gen2real |", "|---|---|---|---|---|---|"]
-    for p in PUBLISHED:
-        lines.append(
-            f"| {p['source']} | {p['dataset']} | {p['method']} | {p['epsilon']} | {p['fid']} | {p['gen2real']:.1%} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def variant_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The source papers' methods and options, each beside its strategy's main row (the baseline)."""
-    variants = [r for r in rows if r.get("variant") is not None]
-    if not variants:
-        return []
-    target = variants[0]["target"]
-    lines = [
-        "",
-        f"The source papers' further methods at target ε = {target:g} (each on top of its strategy's main row, "
-        "the baseline; DPAC's ablation follows Chen et al. 2023, Table 4):",
-        "",
-        "| strategy | row | ε spent | σ | FID (N) | domain FID | IS | gen2real CNN / MLP "
-        "| real2gen CNN / MLP | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for strategy in dict.fromkeys(r["strategy"] for r in variants):
-        base = [
-            {**r, "variant": "baseline"}
-            for r in rows
-            if r["strategy"] == strategy and r["target"] == target and r.get("lever") is None and "variant" not in r
-        ]
-        for r in base + [r for r in variants if r["strategy"] == strategy]:
-            if "error" in r:
-                lines.append(f"| {strategy} | {r['variant']} | {r['error']} | | | | | | | |")
-                continue
-            fid = _fid_cell(r)
-            lines.append(
-                f"| {strategy} | {r['variant']} | {_f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
-                f"| {_f(r['fid_domain'], '.1f')} | {_f(r['inception_score'], '.2f')} "
-                f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
-                f"| {r['real2gen_cnn']:.1%} / {_f(r.get('real2gen_mlp'), '.1%')} | {_f(r['wall_s'], '.0f')} |"
-            )
-    return lines
-
-
-def _f(v: Any, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def _fid_cell(r: dict[str, Any]) -> str:
-    """The Inception FID with its sample count N (the two only mean something together)."""
-    return "—" if r["fid"] is None else f"{r['fid']:.1f} ({r['fid_samples']})"
 
 
 def main(argv: list[str] | None = None) -> int:

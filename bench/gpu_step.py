@@ -5,11 +5,11 @@ samples (``ServerGenerator.query_batches``), one of K clients (round robin, each
 Adam moments and partition, all resident on the device) runs its n_critic WGAN-GP steps and the
 per-sample generator gradient, clips and noises it (``sanitize_sample_grads``, noise drawn from a
 CPU generator as in a run), and the server backpropagates it through G, steps Adam and the EMA.
-The functions are the ones ``common/methods/gswgan.py`` runs, so the figure is the run's.
+The functions are the ones GS-WGAN's folder (``common/methods/gswgan/``) runs, so the figure is the run's.
 
 Two arms, side by side in one process: ``eager`` (the client's own modules, kernel by kernel) and
 ``graphs`` (``--cuda-graphs``: the client's critic steps and release gradient replayed from CUDA
-graphs, ``common/critic_graph.py``; the same as eager off a GPU). Each arm also times a client's
+graphs, ``common/methods/gswgan/critic_graph.py``; the same as eager off a GPU). Each arm also times a client's
 non-private warm start per critic iteration (``--warm-iters``), what a paper-scale run's first
 contacts spend most of their time on.
 
@@ -38,11 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.client_state import new_state  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
-from common.critic_graph import critic_session  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
 from common.device import resolve_device  # noqa: E402
-from common.methods.gswgan import ServerGenerator, critic_steps, select_critic_fakes, warm_start  # noqa: E402
+from common.methods import ExperimentConfig  # noqa: E402
+from common.methods.gswgan.critic import critic_steps, select_critic_fakes, warm_start  # noqa: E402
+from common.methods.gswgan.critic_graph import critic_session  # noqa: E402
+from common.methods.gswgan.generator import ServerGenerator  # noqa: E402
 from common.privacy import sanitize_sample_grads  # noqa: E402
 from common.privacy.sanitizer import noise_generator  # noqa: E402
 
@@ -71,7 +72,7 @@ def build(args: argparse.Namespace, cuda_graphs: bool) -> tuple[ExperimentConfig
 
 def resident_clients(cfg: ExperimentConfig, device: torch.device) -> list:
     """Every client's state, its partition resident on ``device`` too, as a GPU run would keep it."""
-    clients = [new_state(cfg, k) for k in range(cfg.num_clients)]
+    clients = [new_state(cfg, k, critic_lr=cfg.lr_d) for k in range(cfg.num_clients)]
     for state in clients:
         state.data.images = state.data.images.to(device)
         state.data.labels = state.data.labels.to(device)

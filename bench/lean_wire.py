@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.app import app as client_app  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
+from common.methods import ExperimentConfig  # noqa: E402
 from server.loop import run_experiment  # noqa: E402
 from server.reporting import RunDirectory  # noqa: E402
 from server.transport import InProcessTransport  # noqa: E402

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.step_overhead import one_arm  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
+from common.methods import ExperimentConfig  # noqa: E402
 
 
 def main() -> None:

@@ -210,7 +210,7 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
 
 def scale_config(k: int, steps: int, out: Path):
     """The benchmark's configuration: all K writers of (synthetic) federated EMNIST, m = 1."""
-    from common.config import ExperimentConfig
+    from common.methods import ExperimentConfig
 
     return ExperimentConfig(
         dataset="synthetic",

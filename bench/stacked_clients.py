@@ -4,7 +4,7 @@ Both arms run the method's own functions on the same clients, side by side in on
 alternate, repeated): the server draws m query batches (``ServerGenerator.query_batches``), each
 sampled client selects its critic fakes, then either ``stacked_critic_phase`` (every client's
 n_critic WGAN-GP steps and per-sample gradients as one grouped-convolution network,
-``common/critic_stack.py``) or ``answer_pending`` per client; each answer is sanitized with its
+``common/methods/gswgan/critic_stack.py``) or ``answer_pending`` per client; each answer is sanitized with its
 client's noise and wire-encoded, and G steps once on the m answers. K clients are resident and
 the m of each step are taken round robin, so every client's state (D, Adam, power iteration)
 carries over between its turns as in a run.
@@ -31,16 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu_step import resident_clients, sync  # noqa: E402
 from common.codec import decode_grads  # noqa: E402
-from common.config import ExperimentConfig  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
 from common.device import resolve_device  # noqa: E402
-from common.methods.gswgan import (  # noqa: E402
-    PendingAnswer,
-    ServerGenerator,
-    answer_pending,
-    select_critic_fakes,
-    stacked_critic_phase,
-)
+from common.methods import ExperimentConfig  # noqa: E402
+from common.methods.gswgan.client import PendingAnswer, answer_pending, stacked_critic_phase  # noqa: E402
+from common.methods.gswgan.critic import select_critic_fakes  # noqa: E402
+from common.methods.gswgan.generator import ServerGenerator  # noqa: E402
 
 ARMS = ("one_by_one", "stacked")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.config import ExperimentConfig  # noqa: E402
+from common.methods import ExperimentConfig  # noqa: E402
 from server.reporting import RunDirectory  # noqa: E402
 from simulations.experiments.simulate import _run_flower, _run_inprocess  # noqa: E402
 

@@ -1,11 +1,13 @@
-"""The ClientApp: the shared handlers, and each method's handler from the registry. Routing by type.
+"""The ClientApp: one handler per message type, for every method. Routing by type.
 
-``query.hello`` (sent to every node when a run starts or resumes) carries the run's configuration
-and the directory for the node's state, which the node keeps in ``context.state`` so that the
-per-step messages stay small; it answers with the node's client id and its ledger. ``query.ledger``
-returns the client's own ledger (what it has spent); ``query.accuracy`` is the debugging task's
-selection release; ``query.dataplane`` starts the node's data-plane worker. Each method's messages
-(``train.<method>``) go to its handler (``client/handlers/``).
+``query.hello`` (sent to every node when a run starts or resumes) carries the run's configuration,
+which the node keeps in ``context.state`` so that the per-step messages stay small; it answers with
+the node's client id and its ledger. ``query.ledger`` returns the client's own ledger (what it has
+spent); ``query.accuracy`` is the debugging task's selection release; ``query.dataplane`` starts
+the node's data-plane worker. Every method's own messages (``train.<method>``) go to one generic
+handler, ``handle_step``: it decodes the request, checks the node's policy, answers a refusal the
+one way every node refuses (``common/methods/protocol.py``'s ``refusal``), and otherwise hands the
+request to the method (``Method.answer``), which charges the node's ledger before the reply leaves.
 
 The server is not trusted with the node's privacy: the node checks the run's configuration against
 its own policy (``client/node.py``) at the hello and again before every release, and refuses,
@@ -16,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from common.config import ExperimentConfig
 from common.device import resolve_device
 from common.messages import (
     ACCURACY,
@@ -36,25 +38,21 @@ from common.messages import (
     LedgerQuery,
     LedgerReply,
 )
-from common.methods import METHODS, adapter
+from common.methods import METHODS, ExperimentConfig, method_of_message
+from common.methods.base import or_error
+from common.methods.protocol import refusal
 from common.private_paths import CLIENT_STATE, mark_private
 from protos import wire
 
-from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal
+from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal, use_client_threads
 from .quiet import quiet_known_notices
 
 quiet_known_notices()  # this process may be a Ray actor: it prints Flower's shutdown notice
 
-app = ClientApp()
+Handler = Callable[[Message, Context], Message]
+BatchHandler = Callable[[list[Message], list[Context]], list]
 
 
-def _route(message_type: str):
-    """Flower's decorator for a message type: ``train.gswgan`` -> ``app.train("gswgan")``."""
-    category, _, action = message_type.partition(".")
-    return getattr(app, category)(action)
-
-
-@_route(HELLO)
 def handle_hello(message: Message, context: Context) -> Message:
     """Check the run against this node's policy; keep its configuration; answer with this node's
     client id and, when it holds releases, its ledger.
@@ -118,7 +116,6 @@ def _ledger_summary(cfg: ExperimentConfig, cid: int, state_dir: str, version: in
     return HelloReply(client_id=cid, ledger_queries=ledger.queries, ledger=text)
 
 
-@_route(LEDGER)
 def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from it."""
     wire.decode(LedgerQuery, message.content)
@@ -126,7 +123,6 @@ def handle_ledger(message: Message, context: Context) -> Message:
     return wire.reply(LedgerReply(ledger=json.dumps(node.ledger().state_dict())), message)
 
 
-@_route(ACCURACY)
 def handle_accuracy(message: Message, context: Context) -> Message:
     """Debugging task: the shipped classifier's accuracy on local data, released with noise."""
     from common.data import num_classes_for
@@ -153,7 +149,6 @@ def handle_accuracy(message: Message, context: Context) -> Message:
     return wire.reply(reply, message)
 
 
-@_route(DATAPLANE)
 def handle_dataplane(message: Message, context: Context) -> Message:
     """Start this node's persistent data-plane worker for the run (once: a lock file says whether
     one is running). The token goes to the worker on stdin; only ``started`` comes back."""
@@ -189,12 +184,72 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     return wire.reply(DataplaneReply(status="started", pid=worker.pid), message)
 
 
-# Message type -> a handler of several nodes' messages at once (``handle_many``), for the in-process
-# transport, where every node shares this process (``server.transport.InProcessTransport``).
-BATCH_HANDLERS: dict = {}
+def handle_step(message: Message, context: Context) -> Message:
+    """Every method's step message: the request decoded, the node's policy checked (a refusal
+    answered the one way), then the method's answer on this node."""
+    message_type = message.metadata.message_type
+    run_method = method_of_message(message_type)
+    request_cls, reply_cls = run_method.messages[message_type]
+    request = wire.decode(request_cls, message.content)
+    node = Node(context)
+    use_client_threads()
+    why = node.refusal()
+    reply = refusal(reply_cls, request.step, node.client_id, why) if why else run_method.answer(node, request)
+    return wire.reply(reply, message)
 
-for _method in METHODS.values():  # each method's own messages, from the registry
-    _handler = adapter(_method.handler)
-    _route(_handler.ACTION)(_handler.handle)
-    if hasattr(_handler, "handle_many"):
-        BATCH_HANDLERS[_handler.ACTION] = _handler.handle_many
+
+def handle_steps(messages: list[Message], contexts: list[Context]) -> list[Message | Exception]:
+    """One step's messages of one type to several nodes of this process (the in-process transport):
+    each node's reply, or the error that made it fail (that node alone, as ``handle_step`` raising
+    would). Refusing nodes answer as in ``handle_step``; the others are answered together by the
+    method (``Method.answer_many``: GS-WGAN stacks their critic phases)."""
+    message_type = messages[0].metadata.message_type
+    run_method = method_of_message(message_type)
+    request_cls, reply_cls = run_method.messages[message_type]
+    use_client_threads()
+    results: list[Message | Exception | None] = [None] * len(messages)
+    work: list[tuple[int, Node, object]] = []
+    for i, (message, context) in enumerate(zip(messages, contexts, strict=True)):
+        try:
+            request, node = wire.decode(request_cls, message.content), Node(context)
+            why = node.refusal()
+        except Exception as err:  # noqa: BLE001 - this node fails, the others go on
+            results[i] = err
+            continue
+        if why:
+            results[i] = wire.reply(refusal(reply_cls, request.step, node.client_id, why), message)
+        else:
+            work.append((i, node, request))
+    answers = run_method.answer_many([node for _, node, _ in work], [request for _, _, request in work])
+    for (i, _, _), answer in zip(work, answers, strict=True):
+        results[i] = answer if isinstance(answer, Exception) else or_error(wire.reply, answer, messages[i])
+    return results
+
+
+SHARED_HANDLERS: dict[str, Handler] = {
+    HELLO: handle_hello,
+    LEDGER: handle_ledger,
+    ACCURACY: handle_accuracy,
+    DATAPLANE: handle_dataplane,
+}
+
+
+def make_client_app() -> ClientApp:
+    """A ClientApp routing the shared messages to their handlers and every registered method's to
+    ``handle_step`` (Flower routes ``train.gswgan`` to what ``app.train("gswgan")`` registered)."""
+    client_app = ClientApp()
+    routes = {**SHARED_HANDLERS, **{t: handle_step for m in METHODS.values() for t in m.messages}}
+    for message_type, handler in routes.items():
+        category, _, action = message_type.partition(".")
+        getattr(client_app, category)(action)(handler)
+    return client_app
+
+
+def batch_handlers() -> dict[str, BatchHandler]:
+    """Message type -> a handler of several nodes' messages at once, for the in-process transport,
+    where every node shares this process (``server.transport.InProcessTransport``)."""
+    return {t: handle_steps for m in METHODS.values() for t in m.messages}
+
+
+app = make_client_app()
+BATCH_HANDLERS = batch_handlers()

@@ -15,15 +15,14 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 
 import torch
 from flwr.app import ConfigRecord, Context
 
 from common.client_state import ClientState
-from common.config import ExperimentConfig
-from common.methods import core
+from common.methods import ExperimentConfig, Method, method, run_terms
 from common.privacy import NodePolicy, PolicyError, PrivacyEvent, PrivacyLedger, load_policy
 from common.privacy.node_ledger import NODE_STATE_ENV, NodeBook, NodeLedgerError, charge_node, read_node_book
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
@@ -71,17 +70,15 @@ def _cached_policy(node_config: tuple, env: str, _env_mtime: float, _file_mtime:
 def policy_refusal(context: Context, cfg: ExperimentConfig) -> str:
     """Why this node refuses the run (""), per its own policy."""
     policy, problem = node_policy(context)
-    reasons = [problem] if problem else policy.violations(cfg)
+    reasons = [problem] if problem else policy.violations(cfg, run_terms(cfg))
     return "; ".join(reasons) + f" [{policy.source}]" if reasons else ""
 
 
 def own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str, version: int) -> PrivacyLedger:
     """Everything this node released in ``state_dir``: the method's own record where it keeps one
     (DPGAN's curator), else the client's ledger (GS-WGAN answers, the selection query, raw deltas)."""
-    method = core(cfg.strategy)
-    if hasattr(method, "node_ledger"):
-        return method.node_ledger(cfg, client_id, state_dir)
-    return load_ledger(cfg, client_id, state_dir, version)
+    kept = method(cfg.strategy).node_ledger(cfg, client_id, state_dir)
+    return kept if kept is not None else load_ledger(cfg, client_id, state_dir, version)
 
 
 def client_threads() -> int:
@@ -100,7 +97,8 @@ def use_client_threads() -> None:
 
 
 class Node:
-    """The node as one message's handler sees it, once the run's hello has been accepted."""
+    """The node as one message's handler sees it, once the run's hello has been accepted: the
+    ``ClientNode`` a method's client side answers on (``common/methods/protocol.py``)."""
 
     def __init__(self, context: Context) -> None:
         if STATE_KEY not in context.state:
@@ -114,6 +112,10 @@ class Node:
     @cached_property
     def cfg(self) -> ExperimentConfig:
         return ExperimentConfig.from_mapping(json.loads(str(self.record["config"])))
+
+    @property
+    def method(self) -> Method:
+        return method(self.cfg.strategy)
 
     @property
     def client_id(self) -> int:
@@ -142,22 +144,27 @@ class Node:
             return str(err)
         return policy_refusal(self.context, self.cfg)
 
-    def charge(self, events: Iterable[PrivacyEvent], *, client_id: int | None = None) -> None:
-        """Charge releases to a client's node ledger (this node's client by default), before the
+    def releases_by(self, method_name: str) -> int:
+        """How many releases the node's ledger records for ``method_name`` (in any run)."""
+        return self.book.by_method.get(method_name, 0)
+
+    def charge(self, charges: Mapping[int, Iterable[PrivacyEvent]]) -> None:
+        """Charge releases to the node ledgers of the clients named (client id -> events), before the
         reply that carries them leaves the node."""
-        cid = self.client_id if client_id is None else client_id
-        charge_node(self.state_dir, {cid: events}, method=self.cfg.strategy)
+        charge_node(self.state_dir, dict(charges), method=self.cfg.strategy)
         self.__dict__.pop("book", None)  # read again when next asked
 
     def record_release(self, state: ClientState, before: PrivacyLedger) -> None:
         """The release just made on ``state`` (its ledger's events since ``before``) charged to the
         node's ledger, then the state written: a crash in between over-counts, never under-counts."""
-        self.charge(state.ledger.since(before))
+        self.charge({self.client_id: state.ledger.since(before)})
         self.persist(state)
 
     def load_state(self) -> ClientState:
-        """This node's client state at the version ``context.state`` says it is at."""
-        return load_state(self.cfg, self.client_id, self.state_dir, int(self.record["version"]))
+        """This node's client state at the version ``context.state`` says it is at (with a private D
+        when the run's method keeps one)."""
+        version, critic_lr = int(self.record["version"]), self.method.client_critic_lr(self.cfg)
+        return load_state(self.cfg, self.client_id, self.state_dir, version, critic_lr=critic_lr)
 
     def persist(self, state: ClientState) -> None:
         """Write the state to the node's disk and remember its version in ``context.state``."""

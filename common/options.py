@@ -1,7 +1,7 @@
 """What every options section is made of: a field with its help text, and checks that name the field.
 
-``common/config.py`` composes the run's options and each method's section (defined in its slice,
-``common/methods/<name>.py``) into the one ``ExperimentConfig``; the CLI flags, TOML keys and Flower
+The registry composes the run's options (``common/run_options.py``) and each method's section
+(``common/methods/<name>/options.py``) into the one ``ExperimentConfig``; the CLI flags, TOML keys and Flower
 run_config keys are generated from those fields and their help texts.
 """
 

@@ -16,16 +16,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.losses import critic_step
-from common.models import sample_latent
+from common.models import GeneratorEMA, sample_latent
 
 if TYPE_CHECKING:
-    from common.config import ExperimentConfig
+    from common.run_options import RunOptions
 
 
 _PUBLIC: dict[str, tuple[Tensor, Tensor]] = {}  # public_key -> tensors: the last public set, per process
 
 
-def public_tensors(cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
+def public_tensors(cfg: RunOptions) -> tuple[Tensor, Tensor]:
     """The public examples as float ``[n, 1, 28, 28]`` in [0, 1] and int64 labels (cached per process),
     converted exactly as a client's partition is (``client_data_from_arrays``)."""
     key = public_key(cfg)
@@ -39,7 +39,7 @@ def public_tensors(cfg: ExperimentConfig) -> tuple[Tensor, Tensor]:
     return _PUBLIC[key]
 
 
-def public_key(cfg: ExperimentConfig) -> str:
+def public_key(cfg: RunOptions) -> str:
     """The config fields the public set depends on."""
     return repr(
         (
@@ -56,7 +56,7 @@ def public_key(cfg: ExperimentConfig) -> str:
     )
 
 
-def public_batch(cfg: ExperimentConfig, n: int, rng: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor]:
+def public_batch(cfg: RunOptions, n: int, rng: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor]:
     """``n`` public examples drawn uniformly (with the caller's public RNG)."""
     images, labels = public_tensors(cfg)
     idx = torch.randint(len(labels), (n,), generator=rng)
@@ -67,20 +67,20 @@ def pretrain_gan(
     G: nn.Module,
     D: nn.Module,
     d_optimizer: torch.optim.Optimizer,
-    cfg: ExperimentConfig,
+    cfg: RunOptions,
     *,
     steps: int,
     n_critic: int,
     num_classes: int,
     rng: torch.Generator,
+    lr: float,
     loss: str = "wgan-gp",
-    lr: float | None = None,
 ) -> None:
     """``steps`` generator steps on public data, each after ``n_critic`` steps of D (WGAN-GP, or the
     non-saturating loss for a DPGAN discriminator). G gets a fresh Adam (its private optimizer state
     starts clean); D keeps the caller's optimizer."""
     device = next(G.parameters()).device
-    g_opt = torch.optim.Adam(G.parameters(), lr=lr or cfg.lr_g, betas=(cfg.beta1, cfg.beta2))
+    g_opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(cfg.beta1, cfg.beta2))
     B = cfg.batch_size
     for _ in range(steps):
         for _ in range(max(n_critic, 1)):
@@ -106,14 +106,23 @@ def pretrain_gan(
     d_optimizer.zero_grad(set_to_none=True)
 
 
-def warm_gan_on_public(G: nn.Module, D: nn.Module, cfg: ExperimentConfig, *, num_classes: int, rng: torch.Generator):
+def warm_gan_on_public(
+    G: nn.Module,
+    D: nn.Module,
+    cfg: RunOptions,
+    *,
+    num_classes: int,
+    rng: torch.Generator,
+    lr_g: float,
+    lr_d: float,
+    n_critic: int,
+) -> GeneratorEMA:
     """The servers' warm start (GS-WGAN's G against a throwaway D, Fed-Avg's G and first global D):
-    WGAN-GP with a fresh Adam for D, n_critic steps of D per step of G. Returns the EMA of G restarted
-    from the warmed G (the released model must not average in the untrained start)."""
-    from common.models import GeneratorEMA
-
-    d_opt = torch.optim.Adam(D.parameters(), lr=cfg.lr_d, betas=(cfg.beta1, cfg.beta2))
+    WGAN-GP with a fresh Adam for D (learning rate ``lr_d``; G's ``lr_g``), ``n_critic`` steps of D
+    per step of G. Returns the EMA of G restarted from the warmed G (the released model must not
+    average in the untrained start)."""
+    d_opt = torch.optim.Adam(D.parameters(), lr=lr_d, betas=(cfg.beta1, cfg.beta2))
     pretrain_gan(
-        G, D, d_opt, cfg, steps=cfg.public_warmup_steps, n_critic=cfg.n_critic, num_classes=num_classes, rng=rng
+        G, D, d_opt, cfg, steps=cfg.public_warmup_steps, n_critic=n_critic, num_classes=num_classes, rng=rng, lr=lr_g
     )
     return GeneratorEMA(G, decay=cfg.ema_decay)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from common.client_state import ClientState
-from common.config import ExperimentConfig
 from common.evaluation.classifier import DomainClassifier, accuracy
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.sanitizer import release_noise_source
+from common.run_options import RunOptions
 
 SELECTION_STEP = -1  # noise stream id of the selection query (the GS-WGAN steps are >= 0)
 SENSITIVITY = 1.0  # an accuracy in [0, 1]: replacing the client's whole data set moves it by up to 1
@@ -25,7 +25,7 @@ SENSITIVITY = 1.0  # an accuracy in [0, 1]: replacing the client's whole data se
 
 def noisy_accuracy(
     state: ClientState,
-    cfg: ExperimentConfig,
+    cfg: RunOptions,
     classifier_state: dict[str, torch.Tensor],
     *,
     num_classes: int,

@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 case "${1:-step}" in
   step)
     # The CUDA-graph critic phase against the eager one on this GPU first (skipped on CPU-only CI).
-    python3 -m pytest -q -p no:cacheprovider tests/unit/common/test_critic_graph.py tests/unit/common/test_generator_graph.py 2>&1 | tee "$OUT/pytest-critic-graph.txt" || true
+    python3 -m pytest -q -p no:cacheprovider tests/unit/common/methods/gswgan/test_critic_graph.py tests/unit/common/methods/gswgan/test_generator_graph.py 2>&1 | tee "$OUT/pytest-critic-graph.txt" || true
     python3 bench/gpu_step.py --device cuda --model paper --out "$OUT/gpu_step-cuda-paper.json"
     python3 bench/gpu_step.py --device cuda --model paper --critic-fakes query --out "$OUT/gpu_step-cuda-paper-query.json"
     if [ "${SKIP_STACKED:-0}" != 1 ]; then

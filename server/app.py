@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 
 from .loop import run_experiment
 from .reporting import FAILURE_FILE, RunDirectory, RunDirectoryError
@@ -72,7 +72,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run .``: every ExperimentConfig field is a run_config key."""
-    from common.calibration import prepare
+    from common.methods import prepare
 
     cfg = ExperimentConfig.from_run_config(context.run_config)
     try:

@@ -1,4 +1,5 @@
-"""The one round loop. Strategies fill hooks; this file owns the steps, bytes, logs and checkpoints.
+"""The one round loop. A method fills hooks (through ``strategy.py``); this file owns the steps, bytes,
+logs and checkpoints.
 
 Every method runs through ``run_experiment``: the session's hello (``session.py``), the rounds,
 the ledger fetch, then summary.json and privacy.json (``summary.py``). A step only counts when the
@@ -19,16 +20,15 @@ from typing import Any
 from tqdm import tqdm
 
 from common.comm import CommCounter
-from common.config import ExperimentConfig
 from common.data import num_classes_for
+from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
 
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
-from .strategies import build_strategy
-from .strategies.base import PriorReleases, Strategy
+from .strategy import PriorReleases, Strategy, build_strategy
 from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
 from .transport import Exchange
 
@@ -73,12 +73,12 @@ def run_experiment(
     thread) end the run after the current step, with a checkpoint and a summary. ``prior`` holds
     releases made before the run that its generator depends on (the debugging task's selection).
     """
-    strategy = build_strategy(cfg, num_classes_for(cfg), str(run.state_dir), prior)
+    strategy = build_strategy(cfg, num_classes_for(cfg), prior)
     state = _restore(run, strategy) if resume else LoopState()
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
-    state.comm.add_control(*getattr(transport, "setup_totals", (0, 0)))  # a data plane's kick-off messages
+    state.comm.add_control(*transport.setup_totals)  # a data plane's kick-off messages
     nodes, greeting = greet(cfg, transport, strategy, nodes)
     state.ledger_holders = greeting.ledger_holders
     state.comm.add_control(greeting.bytes_down, greeting.bytes_up)
@@ -264,8 +264,9 @@ def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, stat
         run.append_metrics(record)
         eps_max = record["privacy/epsilon_max"]
         postfix = {"eps_max": "unbounded" if eps_max is None else f"{eps_max:.3g}"}
-        if "train/wasserstein" in record:  # only with --client-stats: clients keep it private otherwise
-            postfix["w"] = f"{record['train/wasserstein']:.3g}"
+        for label, key in strategy.side.progress_metrics.items():  # the method's, when the step had them
+            if key in record:
+                postfix[label] = f"{record[key]:.3g}"
         bar.set_postfix(postfix, refresh=False)  # drawn at the next throttled update
     if step % cfg.sample_every == 0 or step == cfg.steps:
         run.save_samples(strategy.released_generator(), step, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 from common.tensor_files import save_tensors
 
 from .reporting import RunDirectory, atomic_write_json
@@ -57,7 +57,7 @@ PUBLISH_README = f"""Publishable output of this run (see {RELEASE_FILE}'s "reade
 
 Nothing here says which client was sampled when, and no figure here was computed from the clients' data.
 """
-MECHANISM_KEYS = ("strategy", "dataset", "partition", "model", "num_clients", "clients_per_step", "delta")
+MECHANISM_KEYS = ("strategy", "dataset", "partition", "model", "num_clients", "delta", "method")
 
 
 def per_client_epsilon(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str, Any]:

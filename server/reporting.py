@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from common.config import ExperimentConfig
 from common.evaluation.grids import tile_images
+from common.methods import ExperimentConfig
 from common.models import device_of, sample_latent
 from common.private_paths import CLIENT_STATE, mark_private
 from common.tensor_files import UnsafeFileError, load_tensors, save_tensors
@@ -39,13 +39,14 @@ class RunDirectoryError(RuntimeError):
     """The run directory is missing, incomplete or does not match what is asked of it."""
 
 
-def next_run_dir(root: str | Path, cfg: ExperimentConfig) -> Path:
-    """``root/NNNNN-<strategy>-<dataset>`` with NNNNN one above the highest number present."""
+def next_run_dir(root: str | Path, cfg: ExperimentConfig, *, label: str = "") -> Path:
+    """``root/NNNNN-<strategy>-<dataset>`` (``label`` instead of the strategy when given) with NNNNN one
+    above the highest number present."""
     root = Path(root)
     with _unwritable(root, "the runs folder (or give --out)"):
         root.mkdir(parents=True, exist_ok=True)
     numbers = [int(m.group(1)) for p in root.iterdir() if (m := re.match(r"(\d{5})-", p.name))]
-    return root / f"{max(numbers, default=-1) + 1:05d}-{cfg.strategy}-{cfg.dataset}"
+    return root / f"{max(numbers, default=-1) + 1:05d}-{label or cfg.strategy}-{cfg.dataset}"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.codec import PayloadError
-from common.config import ExperimentConfig
 from common.messages import HELLO, Hello, HelloReply
+from common.methods import ExperimentConfig
 from protos import wire
 
-from .strategies.base import Incoming, Outgoing, Strategy
+from .strategy import Incoming, Outgoing, Strategy
 from .transport import Exchange
 
 # One exchange carries at most this many messages. Flower 1.41's in-memory Grid checks every
@@ -41,6 +41,8 @@ class NodeRefused(RuntimeError):
 
 
 class Transport(Protocol):
+    setup_totals: tuple[int, int]  # bytes (down, up) of what set the transport up (a data plane's kick-off)
+
     def node_ids(self, expected: int) -> list[int]: ...
 
     def exchange(self, outgoing: list, *, timeout_s: float | None = None) -> Exchange: ...

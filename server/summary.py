@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import ExperimentConfig
-from common.methods import core
+from common.methods import ExperimentConfig, method
 from common.privacy.statement import DO_NOT_PUBLISH, epsilon_meaning
 
 from .release import READERS_PRIVATE
@@ -50,6 +49,7 @@ def privacy_document(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str,
         "not_private": report["not_private"],
         "do_not_publish": DO_NOT_PUBLISH,
         "epsilon_amplified": report["epsilon_amplified"],
+        "method": {cfg.strategy: report["parameters"]},
         "clients": [
             {
                 k: c.get(k)
@@ -66,7 +66,7 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
         {**{k: v for k, v in c.items() if k != "ledger"}, **_client_facts(c["client_id"], facts)}
         for c in report["clients"]
     ]
-    summary = {
+    return {
         "readers": READERS_PRIVATE,
         "strategy": cfg.strategy,
         "status": facts.status,
@@ -77,21 +77,14 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
         "steps_completed": facts.steps_completed,
         "steps_planned": cfg.steps,
         "num_clients": cfg.num_clients,
-        "clients_per_step": cfg.clients_per_step,
         "participants": cfg.participants(),
         "batch_size": cfg.batch_size,
-        "noise_multiplier": cfg.noise_multiplier,
-        "clip": cfg.clip,
         "delta": cfg.delta,
-        "wire_dtype": cfg.wire_dtype,
-        "wire_samples": cfg.wire_samples,
-        "wire_compression": cfg.wire_compression,
-        "critic_fakes": cfg.critic_fakes,
-        "client_stats": cfg.client_stats,
         "accountant": cfg.accountant,
         "epsilon_kind": report["epsilon_kind"],
         "accounting": report["accounting"],
         "mechanism": report["mechanism"],
+        "method": {cfg.strategy: report["parameters"]},
         "not_private": report["not_private"],
         "clients": clients,
         "epsilon_max": report["epsilon_max"],
@@ -104,8 +97,6 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
         "notes": facts.notes,
         "privacy_statement": report["statement"],
     }
-    summary.update(report.get("summary_extra", {}))  # the method's own figures (e.g. DPGAN's q, steps)
-    return summary
 
 
 def _client_facts(cid: int, facts: RunFacts) -> dict[str, Any]:
@@ -173,7 +164,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     rows = [
         ("strategy", summary["strategy"]),
         ("status", summary["status"]),
-        (core(summary["strategy"]).STEP_LABEL, f"{summary['steps_completed']} / {summary['steps_planned']}"),
+        (method(summary["strategy"]).step_label, f"{summary['steps_completed']} / {summary['steps_planned']}"),
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
         ("ε rule", summary["accounting"]),

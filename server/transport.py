@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 
 from protos.wire import message_wire_bytes, runtime_message
 
-from .strategies.base import Incoming, Outgoing
+from .strategy import Incoming, Outgoing
 
 # A handler of several nodes' messages of one type at once: each message's reply, or its node's error.
 BatchHandler = Callable[[list[Message], list[Context]], list[Message | Exception]]
@@ -64,6 +64,8 @@ class Exchange:
 
 class FlowerTransport:
     """Messages through a Flower Grid (simulation runtime or a real SuperLink)."""
+
+    setup_totals = (0, 0)  # nothing to set up: every message goes through Flower
 
     def __init__(
         self,
@@ -184,6 +186,8 @@ class InProcessTransport:
 
     ``node_config`` is added to every node's own (a privacy policy, e.g. ``privacy-allow-nonprivate``);
     ``node_configs`` maps a partition id to keys for that node only."""
+
+    setup_totals = (0, 0)  # nothing to set up: the nodes live in this process
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 
 from .commands import resolve_config
 

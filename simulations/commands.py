@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from common.calibration import prepare
-from common.config import ConfigError, ExperimentConfig, refuse_noise_with_target
+from common.config import ConfigError, refuse_noise_with_target
+from common.methods import ExperimentConfig, prepare
 
 EXIT_BAD_INPUT = 2
 RESUMABLE_OVERRIDES = {
@@ -53,7 +53,7 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
     given = {k: v for k, v in vars(args).items() if k in names}
     if getattr(args, "config", None):
         return ExperimentConfig.from_toml(args.config, **given)
-    refuse_noise_with_target({"command line": given})
+    refuse_noise_with_target(ExperimentConfig, {"command line": given})
     return ExperimentConfig.from_mapping(given, source="command line")
 
 
@@ -151,7 +151,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from common.data import DataError, check_partition_sizes
+    from common.data import DataError
     from server.reporting import RunDirectoryError
 
     from .experiments.compare import STRATEGY_ORDER, check_new_compare_dir, compare, format_comparison
@@ -159,8 +159,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         apply_node_policy(args)
         cfg = resolve_config(args)
-        check_partition_sizes(cfg)
-        for name in STRATEGY_ORDER:  # every strategy's own checks now, not after the others trained
+        for name in STRATEGY_ORDER:  # every strategy's own checks (its data too) now, not after the others trained
             prepare(cfg.replace(strategy=name))
         if cfg.out:
             check_new_compare_dir(Path(cfg.out))

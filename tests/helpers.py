@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.codec import GsQuery, samples_per_query
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
+from common.methods.gswgan.messages import GsQuery, samples_per_query
+from server.strategy import Strategy, build_strategy
+from server.transport import InProcessTransport
 from simulations.cli import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +73,51 @@ def gs_query(cfg: ExperimentConfig, step: int = 0) -> GsQuery:
         fake=rng.random((n, 1, 28, 28), dtype=np.float32),
         labels=rng.integers(0, 10, n),
     )
+
+
+SERVER_NODES = {101: 0, 102: 1, 103: 2}  # node -> client: the federation of the hand-built replies
+
+
+def make_strategy(strategy: str, **changes: object) -> tuple[ExperimentConfig, Strategy]:
+    """A method's server side in the server's shell (``server/strategy.py``), bound to nodes 101..103
+    holding clients 0..2: a test hands it replies as a transport would (tiny model, B = 4, n_critic = 2)."""
+    base = dict(strategy=strategy, num_clients=3, model="tiny", batch_size=4, n_critic=2, fedavg_clients_per_round=2)
+    cfg = ExperimentConfig(**{**base, **changes})
+    strategy_ = build_strategy(cfg, 10)
+    strategy_.bind_nodes(SERVER_NODES)
+    return cfg, strategy_
+
+
+def federation(cfg: ExperimentConfig, **node_config: object) -> tuple[InProcessTransport, list[int]]:
+    """``cfg.num_clients`` real nodes in this process (the ClientApp, called by the in-process
+    transport) that took ``cfg``'s hello; they keep their state where FEDGAN_NODE_STATE says."""
+    from client.app import app
+    from server.session import hello
+
+    transport = InProcessTransport(app, cfg.num_clients, node_config=node_config or None)
+    nodes = transport.node_ids(cfg.num_clients)
+    hello(cfg, transport, nodes)
+    return transport, nodes
+
+
+def one_step(cfg: ExperimentConfig, transport: InProcessTransport, nodes: list[int], asked: list[int]):
+    """The method's first step, its requests sent to the nodes ``asked`` (by client id) through the
+    ClientApp; returns (the server's strategy, its step outcome)."""
+    strategy = build_strategy(cfg, 10)
+    strategy.bind_nodes(dict(zip(nodes, range(len(nodes)), strict=True)))
+    outgoing = strategy.configure_step(0, [nodes[c] for c in asked])
+    return strategy, strategy.aggregate_step(0, transport.exchange(outgoing).replies)
+
+
+def cut_short(state: dict) -> dict:
+    """A Fed-Avg delta or a DPGAN generator with one entry cut short."""
+    name = next(iter(state))
+    return {**state, name: state[name].flatten()[:-1]}
+
+
+def drop_first(state: dict) -> dict:
+    """The same state without its first entry."""
+    return dict(list(state.items())[1:])
 
 
 def wait_until(condition: Callable[[], object], *, timeout_s: float, what: str, every_s: float = 0.05) -> object:

@@ -1,5 +1,5 @@
 """Data layer: readers of the real formats, the embedded synthetic writers, partitioners, and what
-one client holds for a given :class:`common.config.ExperimentConfig`.
+one client holds for a given configuration (``common/run_options.py``'s ``RunOptions``).
 
 Everything here works on uint8 ``[N, 28, 28]`` images (ink high, background 0) and int64 labels;
 only :func:`load_client_partition` converts to float tensors for training. No Flower import.

@@ -34,8 +34,8 @@ from common.data.partition import (
 from common.data.public import held_out, uses_writer_holdout
 from common.data.synthetic import synthetic_writer, synthetic_writer_labels
 
-if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
-    from common.config import ExperimentConfig
+if TYPE_CHECKING:
+    from common.run_options import RunOptions
 
 __all__ = [
     "ClientData",
@@ -69,7 +69,7 @@ class ClientData:
         return int(self.labels.shape[0])
 
 
-def num_classes_for(cfg: ExperimentConfig) -> int:
+def num_classes_for(cfg: RunOptions) -> int:
     """Number of label classes the generator and discriminators are conditioned on."""
     return dataset_num_classes(cfg.dataset, cfg.emnist_split)
 
@@ -102,18 +102,18 @@ def _cached(key: tuple, build: Callable[[], Any]) -> Any:
 # --- keys and the full-data path ----------------------------------------------------------------
 
 
-def _synthetic_writers(cfg: ExperimentConfig) -> int:
+def _synthetic_writers(cfg: RunOptions) -> int:
     return cfg.synthetic_writers or cfg.num_clients
 
 
-def _dataset_key(cfg: ExperimentConfig) -> tuple:
+def _dataset_key(cfg: RunOptions) -> tuple:
     """The config fields a loaded training set depends on."""
     if cfg.dataset == "synthetic":
         return ("synthetic", cfg.seed, _synthetic_writers(cfg), cfg.synthetic_samples_per_writer)
     return (cfg.dataset, cfg.data_dir, cfg.emnist_split)
 
 
-def training_set(cfg: ExperimentConfig) -> Dataset:
+def training_set(cfg: RunOptions) -> Dataset:
     """The whole training set of ``cfg`` (cached), before any slice is held out or split."""
     build = functools.partial(  # deferred, so a cache hit costs nothing
         load_dataset,
@@ -128,7 +128,7 @@ def training_set(cfg: ExperimentConfig) -> Dataset:
     return _cached(("dataset",) + _dataset_key(cfg), build)
 
 
-def _split(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
+def _split(cfg: RunOptions, dataset: Dataset) -> list[np.ndarray]:
     """The partition named by ``cfg.partition`` of a whole data set, after removing the public
     holdout (``common/data/public.py``): indices into the whole set, none of them public."""
     if cfg.public_data != "holdout" or uses_writer_holdout(cfg):
@@ -143,7 +143,7 @@ def _split(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
     return [keep[index] for index in _split_all(cfg, rest)]
 
 
-def _split_all(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
+def _split_all(cfg: RunOptions, dataset: Dataset) -> list[np.ndarray]:
     """The partition named by ``cfg.partition`` of ``dataset``."""
     n, k = len(dataset), cfg.num_clients
     if cfg.partition == "writer":
@@ -161,7 +161,7 @@ def _split_all(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
     return partition_dirichlet(dataset.labels, k, alpha=cfg.dirichlet_alpha, seed=cfg.seed, min_size=cfg.batch_size)
 
 
-def _partition_indices(cfg: ExperimentConfig) -> list[np.ndarray]:
+def _partition_indices(cfg: RunOptions) -> list[np.ndarray]:
     key = ("partition",) + _dataset_key(cfg) + (cfg.partition, cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
     key += _holdout_key(cfg)
     if cfg.partition == "dirichlet":
@@ -172,12 +172,12 @@ def _partition_indices(cfg: ExperimentConfig) -> list[np.ndarray]:
 # --- one client -----------------------------------------------------------------------------------
 
 
-def _check_client(cfg: ExperimentConfig, client_id: int) -> None:
+def _check_client(cfg: RunOptions, client_id: int) -> None:
     if not 0 <= client_id < cfg.num_clients:
         raise ValueError(f"client_id must be in [0, num_clients={cfg.num_clients}), got {client_id}")
 
 
-def client_arrays(cfg: ExperimentConfig, client_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
+def client_arrays(cfg: RunOptions, client_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """Client ``client_id``'s uint8 images, int64 labels and whether they were inverted."""
     _check_client(cfg, client_id)
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
@@ -193,7 +193,7 @@ def client_arrays(cfg: ExperimentConfig, client_id: int) -> tuple[np.ndarray, np
     return (apply_inversion(images) if inverted else images), labels, inverted
 
 
-def load_client_partition(cfg: ExperimentConfig, client_id: int) -> ClientData:
+def load_client_partition(cfg: RunOptions, client_id: int) -> ClientData:
     """The training data client ``client_id`` holds under ``cfg``, ready for the discriminator."""
     images, labels, inverted = client_arrays(cfg, client_id)
     return client_data_from_arrays(images, labels, client_id=client_id, inverted=inverted)
@@ -216,7 +216,7 @@ def client_data_from_arrays(
     )
 
 
-def partition_key(cfg: ExperimentConfig) -> str:
+def partition_key(cfg: RunOptions) -> str:
     """The config fields one client's partition depends on, as a string (equal keys, equal data).
 
     A client may keep a copy of its partition beside its state; the key tells whether that copy
@@ -228,14 +228,14 @@ def partition_key(cfg: ExperimentConfig) -> str:
     return repr(fields)
 
 
-def _holdout_key(cfg: ExperimentConfig) -> tuple:
+def _holdout_key(cfg: RunOptions) -> tuple:
     """What a partition depends on of the public holdout (nothing unless examples are removed)."""
     if cfg.public_data == "holdout" and not uses_writer_holdout(cfg):
         return ("holdout", cfg.public_size)
     return ()
 
 
-def client_labels(cfg: ExperimentConfig, client_id: int) -> np.ndarray:
+def client_labels(cfg: RunOptions, client_id: int) -> np.ndarray:
     """Client ``client_id``'s labels, without rendering or converting images where avoidable."""
     _check_client(cfg, client_id)
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
@@ -246,14 +246,14 @@ def client_labels(cfg: ExperimentConfig, client_id: int) -> np.ndarray:
 # --- sizes ------------------------------------------------------------------------------------------
 
 
-def _check_femnist_writers(cfg: ExperimentConfig, path) -> list[int]:
+def _check_femnist_writers(cfg: RunOptions, path) -> list[int]:
     writer_ids, sizes = _cached(("femnist-sizes", str(path)), lambda: tff_writer_sizes(path))
     if len(writer_ids) < cfg.num_clients:
         raise PartitionError(f"num_clients={cfg.num_clients} is more than the {len(writer_ids)} writers in {path}")
     return sizes[: cfg.num_clients]
 
 
-def partition_sizes(cfg: ExperimentConfig) -> list[int]:
+def partition_sizes(cfg: RunOptions) -> list[int]:
     """Images per client, computed without loading pixels where possible."""
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
         return [cfg.synthetic_samples_per_writer] * cfg.num_clients
@@ -262,13 +262,11 @@ def partition_sizes(cfg: ExperimentConfig) -> list[int]:
     return [len(index) for index in _partition_indices(cfg)]
 
 
-def check_partition_sizes(cfg: ExperimentConfig) -> list[int]:
-    """``partition_sizes``, failing early when a client cannot fill one batch of ``batch_size`` (or,
-    for a method whose clients draw no batches, DP-MERF's, holds no image at all)."""
-    from common.methods import core  # the registry's methods import this package
-
+def check_partition_sizes(cfg: RunOptions, *, need: int) -> list[int]:
+    """``partition_sizes``, failing early when a client holds fewer than ``need`` images: one batch of
+    ``batch_size`` for most methods, one image for a method whose clients draw no batches (the
+    method says, ``Method.min_client_images``)."""
     sizes = partition_sizes(cfg)
-    need = getattr(core(cfg.strategy), "MIN_CLIENT_IMAGES", cfg.batch_size)
     small = [(k, s) for k, s in enumerate(sizes) if s < need]
     if small:
         listed = ", ".join(f"client {k}: {s}" for k, s in small[:5]) + (" ..." if len(small) > 5 else "")

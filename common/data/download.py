@@ -29,8 +29,8 @@ from common.data.clients import client_labels, num_classes_for, partition_sizes
 from common.data.errors import DataError
 from common.data.loading import DATASET_NAMES, data_root, resolve_data_dir
 
-if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this module
-    from common.config import ExperimentConfig
+if TYPE_CHECKING:
+    from common.run_options import RunOptions
 
 __all__ = ["SOURCES", "RemoteFile", "Source", "describe", "download"]
 
@@ -304,14 +304,14 @@ def _write_atomic(stream: IO[bytes], path: Path) -> None:
 # --- description ----------------------------------------------------------------------------------
 
 
-def describe(target: str | ExperimentConfig = "", cfg: ExperimentConfig | None = None) -> str:
+def describe(target: str | RunOptions = "", cfg: RunOptions | None = None) -> str:
     """What ``fedgan data info`` prints: the data sets found, and for a config its partition.
 
     ``target`` is a data dir, or a config whose ``data_dir`` is used and whose partition is described.
     """
-    from common.config import ExperimentConfig
+    from common.run_options import RunOptions
 
-    if isinstance(target, ExperimentConfig):
+    if isinstance(target, RunOptions):
         target, cfg = target.data_dir, target
     data_dir = target
     lines = [f"data root: {data_root(data_dir).resolve()}"]
@@ -332,7 +332,7 @@ def _describe_folder(name: str, folder: Path) -> list[str]:
     return [f"{name}: {folder}"] + [f"  {p.name:44s} {p.stat().st_size / 1e6:10.2f} MB" for p in files]
 
 
-def _describe_config(cfg: ExperimentConfig) -> list[str]:
+def _describe_config(cfg: RunOptions) -> list[str]:
     """Partition sizes and class balance of ``cfg``, or why they cannot be computed."""
     head = f"config: dataset={cfg.dataset} partition={cfg.partition} num_clients={cfg.num_clients}"
     try:

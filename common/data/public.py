@@ -29,7 +29,7 @@ from common.data.loading import femnist_path
 from common.data.synthetic import synthetic_writer
 
 if TYPE_CHECKING:
-    from common.config import ExperimentConfig
+    from common.run_options import RunOptions
 
 PUBLIC_SOURCES = ("", "synthetic", "holdout")
 PUBLIC_SEED_OFFSET = 7_777_777  # the public synthetic writers' seed: cfg.seed + this
@@ -37,7 +37,7 @@ _SYNTHETIC_PER_WRITER = 120
 _HOLDOUT_STREAM = 0x9B11C
 
 
-def held_out(cfg: ExperimentConfig, n: int) -> np.ndarray:
+def held_out(cfg: RunOptions, n: int) -> np.ndarray:
     """Sorted indices of the public slice of an ``n``-example training set (``holdout``, no writers)."""
     if cfg.public_size >= n:
         raise PartitionError(f"public_size={cfg.public_size} would hold out the whole training set of {n} examples")
@@ -45,12 +45,12 @@ def held_out(cfg: ExperimentConfig, n: int) -> np.ndarray:
     return np.sort(rng.permutation(n)[: cfg.public_size])
 
 
-def uses_writer_holdout(cfg: ExperimentConfig) -> bool:
+def uses_writer_holdout(cfg: RunOptions) -> bool:
     """Whether the holdout is whole writers outside the federation (the per-writer data paths)."""
     return cfg.partition == "writer" and cfg.dataset in ("synthetic", "femnist")
 
 
-def public_arrays(cfg: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
+def public_arrays(cfg: RunOptions) -> tuple[np.ndarray, np.ndarray]:
     """The public examples of ``cfg``: uint8 ``[n, 28, 28]`` images and int64 labels (empty: none)."""
     if cfg.public_data == "synthetic":
         return _writers(cfg, lambda w: synthetic_writer(w, _SYNTHETIC_PER_WRITER, seed=cfg.seed + PUBLIC_SEED_OFFSET))
@@ -65,7 +65,7 @@ def public_arrays(cfg: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
     return dataset.images[index], dataset.labels[index]
 
 
-def _writer_holdout(cfg: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
+def _writer_holdout(cfg: RunOptions) -> tuple[np.ndarray, np.ndarray]:
     """Whole writers after the federation's: ids num_clients, num_clients + 1, ... until public_size."""
     if cfg.dataset == "synthetic":
         per = cfg.synthetic_samples_per_writer
@@ -90,7 +90,7 @@ def _writer_holdout(cfg: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
     return _writers(cfg, read)
 
 
-def _writers(cfg: ExperimentConfig, writer) -> tuple[np.ndarray, np.ndarray]:
+def _writers(cfg: RunOptions, writer) -> tuple[np.ndarray, np.ndarray]:
     """Writers 0, 1, ... of ``writer`` until ``public_size`` examples, cut to exactly that many."""
     images, labels, n, w = [], [], 0, 0
     while n < cfg.public_size:

@@ -2,8 +2,9 @@
 
 The page is self-contained (inline CSS, PNGs embedded as base64 data URIs) so it can be mailed or
 archived alone. Every string that comes from a file (notes, the privacy statement, labels) is
-HTML-escaped. The headline follows DESIGN §3: ε per client against an untrusted server first, with
-δ and the accounting rule; the amplified ε only beside it, labelled as an assumption about the server.
+HTML-escaped. The headline follows the README's "Privacy accounting": the method's headline ε first
+(per client against an untrusted server where it has one), with δ and the accounting rule; the
+amplified ε only beside it, labelled as an assumption about the server.
 
 ``eval_result`` (``eval.json``) may hold any of ``fid``, ``fid_domain``, ``inception_score``,
 ``gen2real_acc``, ``real2gen_acc``; each entry is either a bare value (a number, ``[mean, std]`` for

@@ -1,47 +1,141 @@
-"""The registry of methods: a name -> its slice.
+"""The registry of methods: the one place that knows every method.
 
-A method is four files: its framework-free core (``common/methods/<name>.py``: options, math,
-client-side computation, server-side update, noise calibration, privacy events, messages), a thin
-Flower strategy adapter (``server/strategies/<name>.py``), a thin client handler
-(``client/handlers/<name>.py``), and one line here. Everything else reaches a method through this
-registry and the attributes of its core, never by comparing its name.
+A method is one folder, ``common/methods/<name>/``, whose ``METHOD`` satisfies the contract in
+``protocol.py``; adding one is its folder and one line in ``FOLDERS``. Everything else reaches a
+method through ``method(name)`` and the contract, never by comparing its name, and the generic
+modules of ``common`` never import this package: they are handed what they need.
 
-The adapters are named by dotted path, so ``common`` imports neither ``server`` nor ``client``.
+Here too, because only the registry knows every method's section: ``ExperimentConfig`` (the run's
+options composed with each method's, ``common/config.py``), the catalogue of messages, and
+``prepare`` (what every entry point does to a configuration before any work).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from types import ModuleType
+from typing import Any
 
+from common.config import compose_config
+from common.messages import SHARED
+from common.options import check, option
+from common.privacy import RunTerms
 
-@dataclass(frozen=True)
-class Method:
-    core: str  # module: the slice's framework-free core
-    strategy: str  # "module:Class": the server-side Flower strategy adapter
-    handler: str  # module: the client-side handler (``ACTION``, ``handle``)
+from .protocol import Method
 
+FOLDERS = (  # one line per method: its folder under common/methods/
+    "gswgan",
+    "dpgan",
+    "fedavg_gan",
+    "dp_merf",
+)
 
 METHODS: dict[str, Method] = {
-    "gswgan": Method("common.methods.gswgan", "server.strategies.gswgan:GsWganStrategy", "client.handlers.gswgan"),
-    "dpgan": Method("common.methods.dpgan", "server.strategies.dpgan:DpganStrategy", "client.handlers.dpgan"),
-    "fedavg-gan": Method(
-        "common.methods.fedavg_gan", "server.strategies.fedavg_gan:FedAvgGanStrategy", "client.handlers.fedavg_gan"
-    ),
-    "dp-merf": Method("common.methods.dp_merf", "server.strategies.dp_merf:DpMerfStrategy", "client.handlers.dp_merf"),
+    m.name: m for m in (importlib.import_module(f"{__name__}.{folder}").METHOD for folder in FOLDERS)
 }
 
 
-def core(name: str) -> ModuleType:
-    """The core module of method ``name`` (a ValueError naming the known ones otherwise)."""
+def method(name: str) -> Method:
+    """The method called ``name`` (its ``--strategy``); a ValueError naming the known ones otherwise."""
     if name not in METHODS:
         raise ValueError(f"strategy {name!r} is not implemented; choose one of {', '.join(METHODS)}")
-    return importlib.import_module(METHODS[name].core)
+    return METHODS[name]
 
 
-def adapter(path: str) -> object:
-    """The object a ``"module:Attribute"`` path names."""
-    module, _, attribute = path.partition(":")
-    imported = importlib.import_module(module)
-    return getattr(imported, attribute) if attribute else imported
+def _check_method(cfg: Any) -> None:
+    """What depends on the run's method: it exists, DPAC only where it has a form, and a client's
+    partition holds what the method needs of it."""
+    check(cfg.strategy in METHODS, "strategy", cfg.strategy, f"choose one of {tuple(METHODS)}")
+    check(
+        cfg.dpac_beta == 1 or METHODS[cfg.strategy].supports_dpac,
+        "dpac_beta",
+        cfg.dpac_beta,
+        f"strategy {cfg.strategy} has no DPAC form (these do: "
+        f"{', '.join(m.name for m in METHODS.values() if m.supports_dpac)}); use 1",
+    )
+    if cfg.dataset == "synthetic" and cfg.partition == "writer":
+        check(
+            METHODS[cfg.strategy].min_client_images(cfg) <= cfg.synthetic_samples_per_writer,
+            "batch_size",
+            cfg.batch_size,
+            f"larger than a client's partition ({cfg.synthetic_samples_per_writer} images per writer)",
+        )
+
+
+def _validate(cfg: Any) -> None:
+    """Every method's section's checks, then what depends on the run's method."""
+    for m in METHODS.values():
+        m.validate(cfg)
+    _check_method(cfg)
+
+
+STRATEGY = option(
+    "gswgan",
+    f"training strategy, one of {', '.join(METHODS)}; the source papers' further methods are options of "
+    "these: DPAC (--dpac-beta < 1) federated with gswgan and centralized with dpgan; dpGAN's public-data "
+    "warm start (--public-data, --public-warmup-steps) with all three, its grouped and adaptive clipping "
+    "(--dpgan-clip-groups, --dpgan-group-bounds) with dpgan",
+)
+ExperimentConfig = compose_config(
+    tuple(m.options for m in METHODS.values()), _validate, strategy=STRATEGY, module=__name__
+)
+
+
+def run_terms(cfg: ExperimentConfig) -> RunTerms:
+    """What the run's method says of the releases a node would make in it, for the node's policy."""
+    run_method = method(cfg.strategy)
+    return RunTerms(
+        release_noise=run_method.release_noise(cfg),
+        unbounded_against_server=run_method.unbounded_against_server,
+        nonprivate_options=tuple(run_method.nonprivate_options(cfg)),
+    )
+
+
+def catalogue() -> dict[str, tuple[type, type]]:
+    """Message type -> (request payload, reply payload), the shared ones and every method's."""
+    out: dict[str, tuple[type, type]] = dict(SHARED)
+    for m in METHODS.values():
+        out.update(m.messages)
+    return out
+
+
+def method_of_message(message_type: str) -> Method:
+    """The method whose message ``message_type`` is (a KeyError for a shared or unknown one)."""
+    for m in METHODS.values():
+        if message_type in m.messages:
+            return m
+    raise KeyError(f"no method sends {message_type!r}")
+
+
+def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
+    """``cfg`` with its method's noise set for ``cfg.target_epsilon`` (unchanged when it is 0)."""
+    return method(cfg.strategy).calibrate(cfg, pooled_size=pooled_size) if cfg.target_epsilon > 0 else cfg
+
+
+def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
+    """What every entry point does before any work: check that the device exists here, check
+    partition sizes against what a client needs (reading the data where needed), that the test
+    split an evaluation will need is there, the method's own checks against the data, and apply the
+    --target-epsilon calibration."""
+    from common.data import check_partition_sizes, load_dataset
+    from common.device import resolve_device
+
+    run_method = method(cfg.strategy)
+    resolve_device(cfg.device)  # ValueError naming the device and what to use instead
+    sizes = check_partition_sizes(cfg, need=run_method.min_client_images(cfg))
+    if cfg.eval and cfg.dataset != "synthetic":  # the end-of-run evaluation needs the test split: now, not then
+        load_dataset(cfg.dataset, cfg.data_dir, split="test", emnist_split=cfg.emnist_split)
+    run_method.check_sizes(cfg, sizes)  # ConfigError naming the field
+    return calibrate(cfg, pooled_size=sum(sizes))
+
+
+__all__ = [
+    "METHODS",
+    "ExperimentConfig",
+    "Method",
+    "calibrate",
+    "catalogue",
+    "method",
+    "method_of_message",
+    "prepare",
+    "run_terms",
+]

@@ -16,7 +16,7 @@ from .analysis import (
 )
 from .events import PrivacyEvent
 from .ledger import PrivacyLedger
-from .policy import NodePolicy, PolicyError, load_policy
+from .policy import NodePolicy, PolicyError, RunTerms, load_policy
 from .sampling import Sampler
 from .sanitizer import clip_sample_grads, noise_generator, sanitize_sample_grads
 
@@ -26,6 +26,7 @@ __all__ = [
     "PolicyError",
     "PrivacyEvent",
     "PrivacyLedger",
+    "RunTerms",
     "Sampler",
     "clip_sample_grads",
     "epsilon_from_rdp",

@@ -67,11 +67,6 @@ class PrivacyEvent:
         object.__setattr__(self, "count", int(self.count))
         object.__setattr__(self, "void", str(self.void))
 
-    @property
-    def sample_size(self) -> int:
-        """m of a ``wor`` event (0 otherwise)."""
-        return round(self.sample_rate * self.population) if self.sampling == "wor" else 0
-
     def astuple(self) -> tuple[float, float, int]:
         """``(noise_multiplier, sample_rate, count)``, as ``analysis.rdp_epsilon`` takes Poisson events."""
         return (self.noise_multiplier, self.sample_rate, self.count)

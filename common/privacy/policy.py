@@ -87,22 +87,23 @@ class NodePolicy:
                 return f"would exceed {whose} epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})"
         return ""
 
-    def violations(self, cfg: Any) -> list[str]:
-        """Why this node refuses a run configured as ``cfg`` (empty: it takes part)."""
+    def violations(self, cfg: Any, terms: RunTerms) -> list[str]:
+        """Why this node refuses a run configured as ``cfg`` (empty: it takes part); ``terms`` is what
+        the run's method says of its releases (the node's shell asks it)."""
         out = []
-        noise = release_noise(cfg)
-        if noise < self.min_noise_multiplier:
+        if terms.release_noise < self.min_noise_multiplier:
             out.append(
-                f"noise multiplier {noise:g} of each release is below the node's minimum {self.min_noise_multiplier:g}"
+                f"noise multiplier {terms.release_noise:g} of each release is below the node's minimum "
+                f"{self.min_noise_multiplier:g}"
             )
-        if _method(cfg).UNBOUNDED_AGAINST_SERVER and not self.trust_server:
+        if terms.unbounded_against_server and not self.trust_server:
             out.append(
                 f"{cfg.strategy} sends raw discriminator updates for the server to noise (epsilon unbounded against "
                 "it): the node allows that only with trust-server = true"
             )
         if self.max_epsilon > 0 and cfg.client_epsilon_budget > self.max_epsilon:
             out.append(f"epsilon budget {cfg.client_epsilon_budget:g} exceeds the node's maximum {self.max_epsilon:g}")
-        if self.max_epsilon > 0 and _method(cfg).UNBOUNDED_AGAINST_SERVER:
+        if self.max_epsilon > 0 and terms.unbounded_against_server:
             out.append(
                 f"{cfg.strategy} sends raw discriminator updates to the server (epsilon unbounded against "
                 f"it), beyond the node's maximum epsilon {self.max_epsilon:g}"
@@ -111,7 +112,8 @@ class NodePolicy:
             out.append(f"delta {cfg.delta:g} is larger than the node's delta {self.delta:g}")
         if not self.allow_nonprivate:
             out += [
-                f"{option} is not allowed by the node (allow-nonprivate = false)" for option in nonprivate_options(cfg)
+                f"{option} is not allowed by the node (allow-nonprivate = false)"
+                for option in nonprivate_options(cfg, terms)
             ]
         return out
 
@@ -135,26 +137,21 @@ class NodePolicy:
         return None
 
 
-def _method(cfg: Any) -> Any:
-    from common.methods import core  # the registry imports the methods, which import this package
+@dataclass(frozen=True)
+class RunTerms:
+    """What a run's method says of the releases a node would make in it (``Method.release_noise``,
+    ``unbounded_against_server``, ``nonprivate_options``): handed to the policy by the node's shell,
+    so the policy never has to know the methods."""
 
-    return core(cfg.strategy)
+    release_noise: float  # the noise multiplier of each release, as the mechanism runs (GS-WGAN: σ/√B)
+    unbounded_against_server: bool = False  # its clients add no noise of their own (Fed-Avg GAN)
+    nonprivate_options: tuple[str, ...] = ()  # its debugging options that void the guarantee
 
 
-def release_noise(cfg: Any) -> float:
-    """The noise multiplier of each release a node makes in this run, as the mechanism runs (its
-    method says: GS-WGAN σ/√B; 0 for fedavg-gan, whose clients add none)."""
-    return _method(cfg).release_noise(cfg)
-
-
-def nonprivate_options(cfg: Any) -> list[str]:
+def nonprivate_options(cfg: Any, terms: RunTerms) -> list[str]:
     """The debugging options of ``cfg`` that void a node's guarantee (its method's own among them)."""
-    out = []
-    if cfg.noise_seed >= 0:
-        out.append("a fixed noise seed (noise-seed, testing only)")
-    if cfg.client_stats:
-        out.append("un-noised critic statistics (client-stats)")
-    return out + _method(cfg).nonprivate_options(cfg)
+    out = ["a fixed noise seed (noise-seed, testing only)"] if cfg.noise_seed >= 0 else []
+    return out + list(terms.nonprivate_options)
 
 
 def _require(ok: bool, policy: NodePolicy, key: str, why: str) -> None:

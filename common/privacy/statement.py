@@ -1,11 +1,13 @@
-"""Every figure and sentence a report states about privacy, generated in one place from ledgers.
+"""Every figure and the shared sentences a report states about privacy, generated from ledgers.
 
-Strategies hand over ledgers (each client's record, the server's record of its sampling); this
-module turns them into the per-client entries, the server-side figure and the plain-language
-statement of metrics.jsonl, summary.json, privacy.json, report.html and the terminal. Each ε is a
-ledger's (``PrivacyLedger.headline``), printed with δ, the accountant and the rule that applies;
-an unbounded one is null with its reason, and a ledger holding a non-private release makes the
-whole statement start with NOT PRIVATE.
+Methods hand over ledgers (each client's record, the server's record of its sampling); this module
+turns them into the per-client entries, the server-side figure and the sentences every statement
+shares (the per-client guarantee, the server's figure, NOT PRIVATE, a weak ε, public data) of
+metrics.jsonl, summary.json, privacy.json, report.html and the terminal. Each method's own rule and
+the rest of its statement live in its folder (``common/methods/<name>/privacy.py``). Each ε is a
+ledger's (``PrivacyLedger.headline``), printed with δ, the accountant and the rule that applies; an
+unbounded one is null with its reason, and a ledger holding a non-private release makes the whole
+statement start with NOT PRIVATE.
 """
 
 from __future__ import annotations
@@ -17,50 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from .ledger import PrivacyLedger
 
-if TYPE_CHECKING:  # a type only: common.config imports the methods, which import this package
-    from common.config import ExperimentConfig
+if TYPE_CHECKING:
+    from common.config import RunOptions
 
-RULE_PER_CLIENT = (
-    "per-client, untrusted server: each answered query is one Gaussian mechanism with noise "
-    "multiplier σ/√B (sensitivity 2C, noise std 2σC, B samples per query), composed over the "
-    "client's own queries without amplification"
-)
-RULE_AMPLIFIED_WOR = (
-    "amplified, trusted sampling (an assumption about the server): each generator step the server "
-    "draws m of the K_t clients still available uniformly without replacement from a CSPRNG, and "
-    "records q_t = m/K_t in its own ledger; subsampled Gaussian without replacement, replace-one "
-    "adjacency (Wang, Balle, Kasiviswanathan 2019, Thm. 27) with noise multiplier σ/√B, composed "
-    "over the steps that were sent"
-)
-RULE_DPGAN = (
-    "example-level, trusted curator: DP-SGD on the discriminator (Opacus; Poisson sampling q = B/N "
-    "from a CSPRNG, per-example clipping of real and fake rows to C, noise σC), composed over the "
-    "DP steps that ran (the discriminator's, and DPAC's classifier's on real data when it is on); "
-    "generator steps are post-processing"
-)
-RULE_FEDAVG_USER = (
-    "user-level DP-FedAvg, trusted server (an assumption about the server): each round every client "
-    "is sampled independently with probability q = m/K from a CSPRNG, each sampled client's whole "
-    "discriminator delta is clipped to S, N(0, (zS)^2) is added to the sum, which is divided by the "
-    "fixed m; Poisson-subsampled Gaussian (add/remove adjacency) with noise multiplier z over the "
-    "rounds that ran"
-)
-RULE_FEDAVG_UNTRUSTED = (
-    "per-client, untrusted server: unbounded, each sampled client sends its raw discriminator delta "
-    "to the server (see epsilon_amplified for the trusted-server figure)"
-)
-RULE_DP_MERF = (
-    "per-client, untrusted server: each client releases its labelled mean embedding once, clipped to "
-    "L2 norm S (so sensitivity 2S under replacing the client's whole data), with noise std 2σS per "
-    "coordinate: one Gaussian mechanism with noise multiplier σ per release, composed over the client's "
-    "own releases without amplification; everything the server computes afterwards is post-processing"
-)
 KIND_PER_CLIENT = "per client, untrusted server"
 KIND_EXAMPLE = "per example, trusted curator"
 KIND_AMPLIFIED = "amplified, trusted sampling"
 KIND_USER = "user-level, trusted server"
 ACCOUNTANT_NAMES = {"rdp": "Opacus RDP accountant (PRV beside it)", "prv": "Opacus PRV accountant (RDP beside it)"}
-WOR_ACCOUNTANT = "RDP (Wang et al.'s bound, computed by fedgan; PRV has none for this sampling)"
 
 # Above this ε the formal (ε, δ) guarantee says little; the statement says so in words.
 WEAK_GUARANTEE_EPSILON = 10.0
@@ -74,7 +40,8 @@ DO_NOT_PUBLISH = (
 )
 
 
-def _json_eps(eps: float) -> float | None:
+def finite_or_none(eps: float) -> float | None:
+    """ε as JSON holds it: null when unbounded."""
     return eps if math.isfinite(eps) else None
 
 
@@ -94,13 +61,13 @@ def client_entry(
     entry = {
         "client_id": client_id,
         "queries": ledger.queries,
-        "epsilon": _json_eps(eps),
+        "epsilon": finite_or_none(eps),
         "epsilon_reason": reason or "",
     }
     if final:
-        entry["epsilon_rdp"] = _json_eps(ledger.rdp_epsilon(delta=delta)[0])
+        entry["epsilon_rdp"] = finite_or_none(ledger.rdp_epsilon(delta=delta)[0])
         entry["epsilon_prv"] = ledger.epsilon_both(delta=delta)["epsilon_prv"] if ledger.queries else 0.0
-        entry["epsilon_prv"] = None if entry["epsilon_prv"] is None else _json_eps(entry["epsilon_prv"])
+        entry["epsilon_prv"] = None if entry["epsilon_prv"] is None else finite_or_none(entry["epsilon_prv"])
         entry["ledger"] = ledger.state_dict()
     return entry
 
@@ -120,7 +87,7 @@ def server_entry(
     eps, reason = ledger.headline(delta=delta, accountant=accountant) if ledger.queries else (0.0, None)
     history = ledger.history
     entry = {
-        "epsilon": _json_eps(eps),
+        "epsilon": finite_or_none(eps),
         "epsilon_reason": reason or "",
         "kind": kind,
         "assumption": rule,
@@ -146,7 +113,7 @@ def not_private_notice(reasons: list[str]) -> str:
 
 
 # --- statements ---------------------------------------------------------------------------------
-def _weak(eps: float | None) -> str:
+def weak(eps: float | None) -> str:
     if eps is None or eps > WEAK_GUARANTEE_EPSILON:
         return (
             f" At ε above about {WEAK_GUARANTEE_EPSILON:g} (or unbounded) the formal guarantee is weak: it "
@@ -155,7 +122,7 @@ def _weak(eps: float | None) -> str:
     return ""
 
 
-def _per_client_sentence(
+def per_client_sentence(
     ledgers: Mapping[int, PrivacyLedger], *, delta: float, accountant: str, what: str
 ) -> tuple[str, float | None]:
     active = {cid: ledger for cid, ledger in ledgers.items() if ledger.queries > 0}
@@ -184,7 +151,7 @@ def _per_client_sentence(
     ), entries[worst]["epsilon"]
 
 
-def _server_sentence(ledger: PrivacyLedger, *, delta: float, accountant: str, lead: str) -> str:
+def server_sentence(ledger: PrivacyLedger, *, delta: float, accountant: str, lead: str) -> str:
     entry = server_entry(ledger, delta=delta, accountant=accountant, kind="", rule="")
     if entry["epsilon"] is None:
         return f"{lead}: ε is unbounded ({entry['epsilon_reason']})."
@@ -194,148 +161,9 @@ def _server_sentence(ledger: PrivacyLedger, *, delta: float, accountant: str, le
     )
 
 
-def gswgan_statement(
-    ledgers: Mapping[int, PrivacyLedger],
-    server: PrivacyLedger,
-    *,
-    delta: float,
-    accountant: str,
-    noise_multiplier: float,
-    batch_size: int,
-    prior: str = "",
-    warmup_steps: int = 0,
-    grad_dct: int = 0,
-    dpac_beta: float = 1.0,
-) -> str:
-    """GS-WGAN: the per-client headline from the clients' ledgers, the amplified figure from the
-    server's record of its sampling. ``prior`` describes releases made before this run that its
-    ledgers include (the debugging task's selection query); ``warmup_steps`` and ``grad_dct`` are
-    the run's options, named because a reader asks whether they cost privacy (they do not); so is
-    DPAC's classifier (``dpac_beta`` < 1), whose gradient is part of the one sanitized release."""
-    nm = noise_multiplier / math.sqrt(batch_size)
-    coords = f"as its {grad_dct}x{grad_dct} lowest 2-D DCT coefficients (a fixed public basis), " if grad_dct else ""
-    intro = (
-        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Each answered query releases "
-        f"B = {batch_size} noisy per-sample generator gradients ({coords}each clipped to norm C, noise std 2σC "
-        f"with σ = {noise_multiplier:g}): one Gaussian mechanism with noise multiplier σ/√B = {nm:.4g}."
-    )
-    warm = f", its non-private warm start ({warmup_steps} iterations on its own data)" if warmup_steps else ""
-    dpac = (
-        f" DPAC (β = {dpac_beta:g}): each released per-sample gradient is that of β·(WGAN term) + (1−β)·(the "
-        "cross-entropy of the client's own auxiliary classifier), clipped and noised once as above; the "
-        "classifier, trained on the client's data, is never released either."
-        if dpac_beta < 1
-        else ""
-    )
-    unreleased = (
-        f"A client's discriminator{warm} and its critic steps are never released and cost no privacy: "
-        f"everything derived from its data reaches the server only through these sanitized answers.{dpac}"
-    )
-    per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
-    amplified = _server_sentence(
-        server,
-        delta=delta,
-        accountant=accountant,
-        lead="Amplified guarantee (secondary; assumes the server's sampling is secret "
-        "and uniform, which a client cannot verify)",
-    )
-    amp_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
-    if worst is not None and math.isfinite(amp_eps) and amp_eps > worst:
-        amplified += (
-            " Amplification does not help at this noise level: this bound is above the per-client ε, "
-            "which holds with a trusted server too."
-        )
-    parts = [intro, unreleased, per_client, f"Rule: {RULE_PER_CLIENT}.", amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
-    if prior:
-        parts.append(prior)
-    # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the
-    # amplified figure, and its sentence says so.
-    return _assemble(list(ledgers.values()), parts, worst)
-
-
-def dp_merf_statement(
-    ledgers: Mapping[int, PrivacyLedger],
-    *,
-    delta: float,
-    accountant: str,
-    noise_multiplier: float,
-    clip: float,
-    features: int,
-    dct: int,
-    releases_used: int,
-) -> str:
-    """DP-MERF: one noisy summary per client, the generator fitted to their mean on the server."""
-    space = f"its {dct}x{dct} lowest 2-D DCT coefficients (a fixed public basis)" if dct else "its pixels"
-    intro = (
-        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). DP-MERF: each client released "
-        f"once the mean over its examples of φ(x) ⊗ onehot(y), where φ is {features} public random Fourier "
-        f"frequencies of a Gaussian kernel on {space} plus a constant coordinate (‖φ‖ = 1), clipped to L2 "
-        f"norm S = {clip:g}, with noise std 2σS per coordinate (σ = {noise_multiplier:g}): one Gaussian "
-        "mechanism with noise multiplier σ. "
-        f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "
-        "post-processing, no further privacy cost."
-    )
-    per_client, worst = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="noisy summaries")
-    return _assemble(list(ledgers.values()), [intro, per_client, f"Rule: {RULE_DP_MERF}."], worst)
-
-
-def dpgan_statement(
-    ledger: PrivacyLedger, *, delta: float, accountant: str, dpac_beta: float = 1.0, grouping: str = ""
-) -> str:
-    """Centralized DPGAN: one curator ledger, example-level (with DPAC, C's DP steps are in it)."""
-    entry = client_entry(0, ledger, delta=delta, accountant=accountant)
-    last = ledger.history[-1] if ledger.history else None
-    eps = entry["epsilon"]
-    body = (
-        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Centralized DPGAN: every training "
-        f"example is protected at ε = {fmt_epsilon(eps)}"
-        + (f" ({entry['epsilon_reason']})" if entry["epsilon_reason"] else "")
-        + f" by DP-SGD on the discriminator over {ledger.queries} noisy steps"
-        + (
-            f" (DPAC, β = {dpac_beta:g}: these include its auxiliary classifier's DP-SGD steps on real data, "
-            "at the same σ and q; its steps on generated data are post-processing)"
-            if dpac_beta < 1
-            else ""
-        )
-        + (f" (σ = {last.noise_multiplier:g}, q = {last.sample_rate:.4g})" if last else "")
-        + ". This assumes the curator node that pools the data is trusted."
-        + (f" {grouping}" if grouping else "")
-    )
-    return _assemble([ledger], [body, f"Rule: {RULE_DPGAN}."], eps)
-
-
-def fedavg_statement(
-    ledgers: Mapping[int, PrivacyLedger],
-    server: PrivacyLedger,
-    *,
-    delta: float,
-    accountant: str,
-    clip: float,
-    noise_multiplier: float,
-) -> str:
-    """Fed-Avg GAN: unbounded per client against the server; user-level with a trusted server."""
-    intro = (
-        f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
-        f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm S = {clip:g} "
-        f"and the server adds Gaussian noise of std zS (z = {noise_multiplier:g}) to their sum."
-    )
-    per_client, _ = _per_client_sentence(ledgers, delta=delta, accountant=accountant, what="raw deltas sent")
-    user = _server_sentence(
-        server,
-        delta=delta,
-        accountant=accountant,
-        lead="With a trusted server that samples secretly and adds the noise, user-level",
-    )
-    server_eps = server.headline(delta=delta, accountant=accountant)[0] if server.queries else 0.0
-    parts = [intro, per_client, f"Rule: {RULE_FEDAVG_UNTRUSTED}.", user, f"Rule: {RULE_FEDAVG_USER}."]
-    # The clients' void marks (raw deltas) are the strategy, not a debugging option: only the
-    # server's record decides whether the trusted-server figure is NOT PRIVATE.
-    return _assemble([server], parts, _json_eps(server_eps))
-
-
-def _assemble(ledgers: list[PrivacyLedger], parts: list[str], worst: float | None) -> str:
+def assemble(ledgers: list[PrivacyLedger], parts: list[str], worst: float | None) -> str:
     notice = not_private_notice(not_private_reasons(ledgers))
-    return notice + " ".join(parts) + _weak(worst)
+    return notice + " ".join(parts) + weak(worst)
 
 
 _PROTECTED = {
@@ -346,7 +174,7 @@ _PROTECTED = {
 
 
 # --- options that cost no privacy, named so that a reader need not ask ----------------------------
-def public_data_sentence(cfg: ExperimentConfig) -> str:
+def public_data_sentence(cfg: RunOptions) -> str:
     """One sentence for the privacy statement: what was declared public and what it was used for."""
     if not cfg.public_data:
         return ""
@@ -358,18 +186,6 @@ def public_data_sentence(cfg: ExperimentConfig) -> str:
     return (
         f"Declared public by the user ({cfg.public_size} examples): {what}; used for {uses}. Public data costs no "
         "privacy and is outside every ε here, so it must really be public."
-    )
-
-
-def grouping_sentence(cfg: ExperimentConfig) -> str:
-    """The privacy statement's sentence on grouped clipping (empty without grouping)."""
-    if cfg.dpgan_clip_groups == "none":
-        return ""
-    bounds = "estimated on public data" if cfg.dpgan_group_bounds == "public" else "equal"
-    return (
-        f"D's per-example gradients are clipped per parameter group ({cfg.dpgan_clip_groups}, {bounds} bounds C_j "
-        f"with √Σ C_j² = {cfg.dpgan_clip:g}, the sensitivity), and the noise is {cfg.dpgan_group_noise}: one "
-        "Gaussian mechanism with the same σ, so ε is that of flat clipping."
     )
 
 

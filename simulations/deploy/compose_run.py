@@ -49,7 +49,7 @@ def env_file() -> dict[str, str]:
 def run_config(**values: object) -> str:
     """``values`` (ExperimentConfig field names, checked) in Flower's run-config syntax, each value
     as the pyproject's run-config table writes it (``toml_value``)."""
-    from common.config import ExperimentConfig
+    from common.methods import ExperimentConfig
     from simulations.devtools.flwr_config import toml_value
 
     run = ExperimentConfig.from_mapping(values, source="run config").to_run_config()

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.config import ExperimentConfig
 from common.data import data_root
+from common.methods import ExperimentConfig
 
 from .local import CONNECTION, LocalDeployment
 

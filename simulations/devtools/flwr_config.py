@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 HEADER = "[tool.flwr.app.config]"

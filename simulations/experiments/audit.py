@@ -14,8 +14,9 @@ Black box: a distance-to-nearest-synthetic-sample membership test on the release
 (training images of the run's clients vs. held-out test images), reported beside, as AUC and TPR at
 low FPR (no ε: the members are not randomized).
 
-DPGAN (example-level DP-SGD on pooled data) and Fed-Avg (raw deltas: unbounded against the server,
-which the ledgers already say) are not audited here; ``AUDITED`` names what is.
+Each method's canary lives in its folder (``Method.canary_score``; ``auditable``): GS-WGAN and
+DP-MERF have one. DPGAN (example-level DP-SGD on pooled data) and Fed-Avg (raw deltas: unbounded
+against the server, which its ledgers already say) are not audited here.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from common.client_state import ClientState
-from common.config import ExperimentConfig
 from common.data.clients import ClientData
+from common.methods import METHODS, ExperimentConfig, method
 from common.privacy import NodePolicy, PrivacyLedger
 from common.privacy.audit import (
     best_one_run_epsilon,
@@ -45,82 +45,27 @@ CANARY_BASE_ID = 10**7  # canary clients' ids: far from any federation's own
 MAGNITUDE = 1.5  # canary summary / gradient norm, in clip bounds: clipping must act
 
 
-@dataclass
-class Canary:
-    """One canary client: its state and whether it is inserted (+u) or left out (−u)."""
-
-    state: ClientState
-    inserted: bool
-
-
 def canary_state(client_id: int) -> ClientState:
     """A client with no data of its own: its releases come from the canary's crafted input."""
     empty = ClientData(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long), client_id, False)
     return ClientState(client_id, None, None, PrivacyLedger(), torch.Generator(), empty)
 
 
-# --- the methods' release paths, one canary at a time ---------------------------------------------
-def merf_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy: NodePolicy) -> float:
-    """DP-MERF: the canary asked ``releases`` times; its summary ±a·e₀ of the summary's shape."""
-    from common.data import num_classes_for
-    from common.methods import dp_merf
-
-    shape = (num_classes_for(cfg), 2 * cfg.merf_features + 1)
-    summary = torch.zeros(shape)
-    summary[0, 0] = (1 if canary.inserted else -1) * MAGNITUDE * cfg.merf_clip
-    score = 0.0
-    for step in range(releases):
-        reply = dp_merf.release(canary.state, cfg, dp_merf.MerfRequest(step=step), policy, summary=summary)
-        if reply.refused:
-            break
-        score += float(reply.embedding[0, 0])
-    return score
-
-
-def gswgan_releases(canary: Canary, cfg: ExperimentConfig, releases: int, policy: NodePolicy) -> float:
-    """GS-WGAN: ``releases`` answers, each B per-sample gradients ±a·u (u a unit direction of the
-    released space: one pixel, or one DCT coefficient with ``grad_dct``), sanitized, charged and
-    encoded for the wire by the client's own code; the score sums the decoded u-coordinates."""
-    from common.codec import decode_grads
-    from common.methods import gswgan
-    from common.privacy.dct import to_pixels
-
-    B = cfg.batch_size
-    if cfg.grad_dct:  # the first DCT coefficient, in pixels (the basis is orthonormal: unit norm)
-        coefficient = torch.zeros(1, cfg.grad_dct**2)
-        coefficient[0, 0] = 1.0
-        direction = to_pixels(coefficient, cfg.grad_dct)
-    else:
-        direction = torch.zeros(1, 1, 28, 28)
-        direction[0, 0, 0, 0] = 1.0
-    grads = direction.repeat(B, 1, 1, 1) * (1 if canary.inserted else -1) * MAGNITUDE * cfg.clip
-    score = 0.0
-    for step in range(releases):
-        if policy.release_refusal(canary.state.ledger, gswgan.planned_event(cfg, B), cfg, "one more answer"):
-            break
-        nothing = torch.zeros(0)
-        pending = gswgan.PendingAnswer(canary.state, step, nothing, nothing, nothing, nothing, B)
-        answer = gswgan.finish_answer(pending, cfg, grads.clone(), {})
-        released = decode_grads(answer.grad, answer.grad_encoding, batch_size=B, coords=cfg.grad_dct**2)
-        score += float(released.reshape(B, -1)[:, 0].sum())
-    return score
-
-
-AUDITED: dict[str, Callable[[Canary, ExperimentConfig, int, NodePolicy], float]] = {
-    "gswgan": gswgan_releases,
-    "dp-merf": merf_releases,
-}
-
-
 # --- the audit ----------------------------------------------------------------------------------
 def run_canaries(cfg: ExperimentConfig, *, canaries: int, releases: int, policy: NodePolicy) -> tuple:
     """Scores, inserted bits and the canaries' ledgers (in canary order)."""
-    if cfg.strategy not in AUDITED:
-        raise ValueError(f"fedgan audit covers {', '.join(AUDITED)}, not {cfg.strategy}")
+    chosen = method(cfg.strategy)
+    if not chosen.auditable:
+        audited = ", ".join(name for name, m in METHODS.items() if m.auditable)
+        raise ValueError(f"fedgan audit covers {audited}, not {cfg.strategy}")
     bits = np.array([secrets.randbits(1) == 1 for _ in range(canaries)])  # never from the run's seed
-    release = AUDITED[cfg.strategy]
     states = [canary_state(CANARY_BASE_ID + i) for i in range(canaries)]
-    scores = np.array([release(Canary(s, bool(b)), cfg, releases, policy) for s, b in zip(states, bits, strict=True)])
+    scores = np.array(
+        [
+            chosen.canary_score(s, cfg, 1 if b else -1, MAGNITUDE, releases, policy)
+            for s, b in zip(states, bits, strict=True)
+        ]
+    )
     return scores, bits, [s.ledger for s in states]
 
 

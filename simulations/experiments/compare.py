@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.calibration import prepare
-from common.config import ExperimentConfig
 from common.evaluation.plots import plot_bytes_per_step
-from common.methods import METHODS, core
+from common.methods import METHODS, ExperimentConfig, method, prepare
 from server.reporting import RunDirectory, RunDirectoryError, atomic_write_json, check_writable, next_run_dir
 
 from .simulate import _run_flower, _run_inprocess
@@ -25,7 +23,7 @@ STRATEGY_ORDER = tuple(METHODS)
 
 def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
     """Generator updates that ran (Fed-Avg GAN takes several per round: its core says how many)."""
-    return core(summary["strategy"]).generator_updates(cfg, summary["steps_completed"])
+    return method(summary["strategy"]).generator_updates(cfg, summary["steps_completed"])
 
 
 def run_one(

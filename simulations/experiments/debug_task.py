@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import ExperimentConfig
 from common.data import data_root, invert_clients, num_classes_for
 from common.evaluation.domain_classifier import load_or_train_domain_classifier
 from common.evaluation.grids import side_by_side
 from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
-from common.methods import core
+from common.methods import ExperimentConfig, method
 from common.models import build_generator, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
@@ -30,7 +29,7 @@ from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory, atomic_write_json, next_run_dir
 from server.session import hello
-from server.strategies.base import Outgoing, PriorReleases
+from server.strategy import Outgoing, PriorReleases
 
 from .simulate import run_on_transport
 
@@ -98,12 +97,12 @@ def debug_task(
 ) -> dict[str, Any]:
     """Run the whole task; returns (and writes) ``debug_task.json``. ``node_state``: where the
     simulated nodes keep their state and ledgers (default: the task's clients/)."""
-    if not core(cfg.strategy).ACCEPTS_PRIOR_RELEASES:
+    if not method(cfg.strategy).accepts_prior_releases:
         raise ValueError(
             f"the debugging task needs a method that accounts for the selection release made "
             f"before its runs (gswgan), not {cfg.strategy}"
         )
-    out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg.replace(strategy="debug-task"))
+    out = Path(cfg.out) if cfg.out else next_run_dir("runs", cfg, label="debug-task")
     out.mkdir(parents=True, exist_ok=False)
     state_dir = Path(node_state) if node_state else out / "clients"
     classifier, clf_meta = load_or_train_domain_classifier(

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import ExperimentConfig
 from common.data import Dataset, data_root, load_dataset, num_classes_for
 from common.device import resolve_device
 from common.evaluation.classifier import (
@@ -38,6 +37,7 @@ from common.evaluation.fid import FeatureStats, cached_stats, feature_stats, fre
 from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid, plot_training_curves
 from common.evaluation.report import format_eval_table, write_report
 from common.evaluation.utility import gen2real, real2gen
+from common.methods import ExperimentConfig
 from common.models import build_generator, device_of, sample_latent
 from server.release import add_publishable_eval
 from server.reporting import RunDirectory, RunDirectoryError, check_writable

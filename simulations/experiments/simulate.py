@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 from server.reporting import RunDirectory
 
 T = TypeVar("T")

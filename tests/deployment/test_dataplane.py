@@ -113,7 +113,7 @@ def test_a_second_start_says_already_running(tmp_path):
         node = next(iter(control.contexts))
         from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
         from protos import wire
-        from server.strategies.base import Outgoing
+        from server.strategy import Outgoing
 
         start = DataplaneStart(address="127.0.0.1:1", token="x", run_id=run_id_of(control), ca="", idle_s=30.0)
         again = control.exchange([Outgoing(node, DATAPLANE, wire.encode(start))])

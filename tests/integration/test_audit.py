@@ -7,9 +7,8 @@ import json
 import pytest
 import torch
 
-from common.calibration import prepare
-from common.config import ExperimentConfig
-from common.methods import dp_merf
+from common.methods import ExperimentConfig, prepare
+from common.methods.dp_merf import client as dp_merf
 from common.privacy import PrivacyLedger
 from common.privacy.sanitizer import noise_generator
 from simulations.cli import main

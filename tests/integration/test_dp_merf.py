@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from common.calibration import ledger_epsilon, prepare
-from common.methods.dp_merf import MSG_EMBED, MerfRelease
+from common.calibration import ledger_epsilon
+from common.methods import prepare
+from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease
 from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from common.methods.dpgan import MSG_ROUND, DpganReply
+from common.methods.dpgan.messages import MSG_ROUND, DpganReply
 from common.privacy import PrivacyEvent, PrivacyLedger
 from protos import wire
 from server.loop import run_experiment
@@ -27,9 +27,10 @@ def test_dpgan_counts_and_epsilon_from_what_ran(tmp_path, runner):
     assert error is None, error
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["steps_completed"] == 4
-    assert written["discriminator_steps"] == 4 * 3
-    assert written["sample_rate"] == pytest.approx(16 / (3 * 40))
-    assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier
+    dpgan = written["method"]["dpgan"]  # DPGAN's own figures, under its name
+    assert dpgan["discriminator_steps"] == 4 * 3
+    assert dpgan["sample_rate"] == pytest.approx(16 / (3 * 40))
+    assert dpgan["noise_multiplier"] == cfg.dpgan_noise_multiplier
     (client,) = written["clients"]
     expected = PrivacyLedger([PrivacyEvent(noise_multiplier=1.0, sample_rate=16 / 120, count=12, sampling="poisson")])
     assert client["queries"] == 12
@@ -46,18 +47,19 @@ def test_dpgan_resume_continues_the_curators_ledger(tmp_path):
     run.write_json("config.json", more.to_dict())
     resumed, error = _run_inprocess(more, run, True)
     assert error is None, error
-    assert resumed["discriminator_steps"] == 12 and resumed["clients"][0]["queries"] == 12
+    assert resumed["method"]["dpgan"]["discriminator_steps"] == 12 and resumed["clients"][0]["queries"] == 12
 
 
 def test_target_epsilon_calibrates_sigma_for_the_planned_steps(tmp_path):
-    from common.calibration import prepare
+    from common.methods import prepare
 
     cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0))
     summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
     assert error is None, error
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert written["discriminator_steps"] == 6 and written["target_epsilon"] == 5.0
-    assert written["noise_multiplier"] == cfg.dpgan_noise_multiplier != 1.0  # calibrated, recorded as used
+    dpgan = written["method"]["dpgan"]
+    assert dpgan["discriminator_steps"] == 6 and dpgan["target_epsilon"] == 5.0
+    assert dpgan["noise_multiplier"] == cfg.dpgan_noise_multiplier != 1.0  # calibrated, recorded as used
     assert 4.5 < written["clients"][0]["epsilon"] <= 5.0  # reaches, never overshoots
 
 
@@ -65,7 +67,7 @@ def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):
     """Adaptive n_D can take more discriminator steps than the calibration planned (target 10 ended
     at 11.74 before): the curator enforces the target as its budget and the run stops cleanly there.
     Modelled here by running twice the planned rounds."""
-    from common.calibration import prepare
+    from common.methods import prepare
 
     cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0)).replace(steps=6)
     summary, error = _run_inprocess(cfg, RunDirectory.create(cfg), False)
@@ -78,7 +80,7 @@ def test_more_steps_than_calibrated_stop_at_the_target(tmp_path):
 def test_dpac_charges_the_classifiers_dp_steps_and_calibrates_for_them(tmp_path):
     """Centralized DPAC: C's init and its one DP step per round are (σ, q) events of the curator's
     ledger beside D's; the calibration plans for them, so the target still holds."""
-    from common.calibration import prepare
+    from common.methods import prepare
 
     plain = prepare(dpgan_cfg(tmp_path, "plain", steps=3, dpgan_n_d=2, target_epsilon=5.0))
     cfg = prepare(dpgan_cfg(tmp_path, steps=3, dpgan_n_d=2, target_epsilon=5.0, dpac_beta=0.5, dpac_init=2))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from common.methods.fedavg_gan import MSG_ROUND, FedAvgReply
+from common.methods.fedavg_gan.messages import MSG_ROUND, FedAvgReply
 from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory

@@ -77,8 +77,8 @@ def test_the_honest_bound_holds_for_honest_answers():
     """No honest answer is ever dropped: rows of pure noise at the bound's own σ stay far below it."""
     import numpy as np
 
-    from common.config import ExperimentConfig
-    from common.methods.gswgan import honest_norm_bound, implausible_norms
+    from common.methods import ExperimentConfig
+    from common.methods.gswgan.privacy import honest_norm_bound, implausible_norms
 
     for sigma, dct in ((0.0, 0), (1.07, 0), (6.0, 8)):
         cfg = ExperimentConfig(noise_multiplier=sigma, grad_dct=dct)
@@ -128,7 +128,7 @@ def _chatty(message, context):
 
 
 def _long_refusal(message, context):
-    from common.codec import GsAnswer, GsQuery
+    from common.methods.gswgan.messages import GsAnswer, GsQuery
     from protos import wire
 
     query = wire.decode(GsQuery, message.content)

@@ -52,7 +52,7 @@ def _ct(summary) -> float:
 def test_default_lean_wire_meets_the_fresh_fakes_target(summaries):
     assert _ct(summaries["float32"]) > 7.0e5  # (n_critic + 1) B float32 samples down, B float32 grads up
     assert _ct(summaries["default"]) <= 2.0e5
-    assert summaries["default"]["wire_dtype"] == "float16"
+    assert summaries["default"]["method"]["gswgan"]["wire_dtype"] == "float16"
 
 
 @pytest.mark.parametrize("variant", ["query", "replay"])

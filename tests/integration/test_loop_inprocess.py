@@ -8,7 +8,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from client.app import app as client_app
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 from server.loop import NodeRefused, run_experiment
 from server.reporting import RunDirectory, RunDirectoryError
 from server.transport import InProcessTransport
@@ -108,7 +108,7 @@ def test_lean_wire_sends_uint8_samples_and_float16_gradients(tmp_path):
     down32, down8 = f32["comm"]["bytes_per_step"]["down"], lean["comm"]["bytes_per_step"]["down"]
     assert up32 - up16 == pytest.approx(B * 784 * 2, abs=64)
     assert down32 - down8 == pytest.approx((n + 1) * B * 784 * 3, abs=64)
-    assert lean["wire_dtype"] == "float16"
+    assert lean["method"]["gswgan"]["wire_dtype"] == "float16"
     assert [c["epsilon"] for c in lean["clients"]] == [c["epsilon"] for c in f32["clients"]]
     assert (
         lean["epsilon_amplified"]["epsilon"] is None and "sampling-seed" in lean["epsilon_amplified"]["epsilon_reason"]
@@ -261,7 +261,7 @@ def test_live_epsilon_after_resume_includes_answers_after_the_last_checkpoint(tm
     cfg = cfg_for(tmp_path, steps=3)
     run, _ = run_inprocess(cfg)
     client_state.clear_cache()
-    state = client_state.load_state(cfg, 2, run.state_dir, version=10**9)
+    state = client_state.load_state(cfg, 2, run.state_dir, version=10**9, critic_lr=cfg.lr_d)
     nm = cfg.noise_multiplier / 8**0.5
     for _ in range(6):  # answered after the checkpoint, then the server crashed
         state.ledger.record(PrivacyEvent(noise_multiplier=nm))

@@ -1,5 +1,6 @@
-"""One node, one ledger (DESIGN §9): every method's releases from a node compose in the ledger the
-node keeps where its own configuration says, and its budget is checked there, across runs."""
+"""One node, one ledger (README, "A node's own privacy policy"): every method's releases from a node
+compose in the ledger the node keeps where its own configuration says, and its budget is checked
+there, across runs."""
 
 import json
 

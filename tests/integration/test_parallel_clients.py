@@ -72,7 +72,8 @@ def test_each_actor_reserves_its_share_of_the_cores():
 
 
 def test_parallel_clients_is_validated():
-    from common.config import ConfigError, ExperimentConfig
+    from common.config import ConfigError
+    from common.methods import ExperimentConfig
 
     for bad in (0, 257):
         with pytest.raises(ConfigError, match="parallel_clients"):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig
 from common.privacy import PrivacyEvent, PrivacyLedger
 from server.reporting import RunDirectory
 from simulations.experiments.simulate import _run_flower, _run_inprocess

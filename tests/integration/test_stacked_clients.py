@@ -10,8 +10,8 @@ from client.app import BATCH_HANDLERS
 from client.app import app as client_app
 from client.state import save_state
 from common.client_state import new_state
-from common.methods import gswgan
-from common.methods.gswgan import MSG_QUERY
+from common.methods.gswgan import client as gswgan
+from common.methods.gswgan.messages import MSG_QUERY
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
@@ -104,7 +104,7 @@ def test_a_client_whose_own_data_breaks_the_stacked_step_fails_alone(tmp_path, b
     0 steps; now it fails alone, with its client id and the cause, and the others train on."""
 
     def broken_client_1(cfg, directory):
-        state = new_state(cfg, 1)
+        state = new_state(cfg, 1, critic_lr=cfg.lr_d)
         breaking(state.data)
         save_state(state, directory.state_dir)
 

@@ -69,16 +69,16 @@ def test_a_client_state_file_that_would_run_code_is_refused(tmp_path):
     from tests.helpers import tiny_cfg
 
     cfg, marker = tiny_cfg(tmp_path / "run"), tmp_path / "code-ran"
-    save_state(new_state(cfg, 0), tmp_path)
+    save_state(new_state(cfg, 0, critic_lr=cfg.lr_d), tmp_path)
     path = tmp_path / "client-00000.pt"
     _hostile(path, marker, **torch.load(path, weights_only=True))
     with pytest.raises(RuntimeError, match="posix.system"):
-        load_state(cfg, 0, tmp_path, version=1)
+        load_state(cfg, 0, tmp_path, version=1, critic_lr=cfg.lr_d)
     assert not marker.exists()
 
 
 def test_a_dpgan_node_file_that_would_run_code_is_refused(tmp_path):
-    from common.methods import dpgan
+    from common.methods.dpgan import storage as dpgan
     from common.tensor_files import UnsafeFileError
 
     marker = tmp_path / "code-ran"

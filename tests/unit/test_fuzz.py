@@ -11,9 +11,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.codec import GsAnswer, PayloadError
-from common.config import ConfigError, ExperimentConfig
-from common.messages import catalogue
+from common.codec import PayloadError
+from common.config import ConfigError
+from common.methods import ExperimentConfig, catalogue
+from common.methods.gswgan.messages import GsAnswer
 from protos import wire
 
 CLASSES = sorted({cls for pair in catalogue().values() for cls in pair}, key=lambda c: c.__name__)

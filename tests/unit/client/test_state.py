@@ -6,8 +6,8 @@ import torch
 
 from client import state as client_state
 from common import client_state as common_client_state
-from common.config import ExperimentConfig
-from common.methods.gswgan import answer_query
+from common.methods import ExperimentConfig
+from common.methods.gswgan.client import answer_query
 from tests.helpers import gs_query
 
 
@@ -26,7 +26,7 @@ def _fresh_cache():
 
 
 def _answered(cfg, client_id, tmp_path, steps=1):
-    state = client_state.load_state(cfg, client_id, tmp_path, version=0)
+    state = client_state.load_state(cfg, client_id, tmp_path, version=0, critic_lr=cfg.lr_d)
     for step in range(steps):
         answer_query(state, cfg, gs_query(cfg, step))
     client_state.save_state(state, tmp_path)
@@ -49,7 +49,7 @@ def _count_renders(monkeypatch):
 def test_round_trip_restores_everything(cfg, tmp_path):
     state = _answered(cfg, 7, tmp_path, steps=2)
     client_state.clear_cache()  # as if the worker process were new
-    loaded = client_state.load_state(cfg, 7, tmp_path, version=state.version)
+    loaded = client_state.load_state(cfg, 7, tmp_path, version=state.version, critic_lr=cfg.lr_d)
     assert loaded is not state and loaded.version == state.version == 2
     assert loaded.ledger.history == state.ledger.history
     assert torch.equal(loaded.data_rng.get_state(), state.data_rng.get_state())
@@ -66,14 +66,16 @@ def test_round_trip_restores_everything(cfg, tmp_path):
 
 
 def test_first_contact_is_lazy_and_writes_nothing_until_an_answer(cfg, tmp_path):
-    state = client_state.load_state(cfg.replace(warmup_steps=2), 3, tmp_path, version=0)
+    state = client_state.load_state(
+        cfg.replace(warmup_steps=2), 3, tmp_path, version=0, critic_lr=cfg.replace(warmup_steps=2).lr_d
+    )
     assert not state.warmed_up and state.ledger.queries == 0
     assert not any(tmp_path.iterdir())  # a client that never answered costs no disk
     warm = cfg.replace(warmup_steps=2)
     answer_query(state, warm, gs_query(warm))
     client_state.save_state(state, tmp_path)
     client_state.clear_cache()
-    assert client_state.load_state(warm, 3, tmp_path, version=1).warmed_up  # warm start runs once
+    assert client_state.load_state(warm, 3, tmp_path, version=1, critic_lr=warm.lr_d).warmed_up  # warm start runs once
 
 
 def test_only_the_active_client_is_built(cfg, tmp_path, monkeypatch):
@@ -87,18 +89,18 @@ def test_reading_back_uses_the_stored_partition(cfg, tmp_path, monkeypatch):
     _answered(cfg, 4, tmp_path)
     client_state.clear_cache()
     rendered = _count_renders(monkeypatch)
-    assert client_state.load_state(cfg, 4, tmp_path, version=1).client_id == 4
+    assert client_state.load_state(cfg, 4, tmp_path, version=1, critic_lr=cfg.lr_d).client_id == 4
     assert rendered == []
     client_state.clear_cache()
     other_data = cfg.replace(synthetic_samples_per_writer=30)  # a stored copy of other data is not used
-    assert len(client_state.load_state(other_data, 4, tmp_path, version=1).data) == 30
+    assert len(client_state.load_state(other_data, 4, tmp_path, version=1, critic_lr=other_data.lr_d).data) == 30
     assert rendered == [4]
 
 
 def test_memory_holds_at_most_the_cache_bound(cfg, tmp_path):
     big = cfg.replace(num_clients=64)
     for cid in range(client_state.CACHE_SIZE + 3):
-        client_state.save_state(client_state.load_state(big, cid, tmp_path, version=0), tmp_path)
+        client_state.save_state(client_state.load_state(big, cid, tmp_path, version=0, critic_lr=big.lr_d), tmp_path)
     assert len(client_state._CACHE) == client_state.CACHE_SIZE
 
 
@@ -117,14 +119,14 @@ def test_files_of_format_1_still_load(cfg, tmp_path):
     del blob["format"], blob["data"]
     torch.save(blob, client_state.state_path(tmp_path, 5))
     client_state.clear_cache()
-    loaded = client_state.load_state(cfg, 5, tmp_path, version=1)
+    loaded = client_state.load_state(cfg, 5, tmp_path, version=1, critic_lr=cfg.lr_d)
     assert torch.equal(loaded.data.images, state.data.images) and loaded.ledger.queries == 1
 
 
 def test_corrupt_file_is_a_clear_error(cfg, tmp_path):
     client_state.state_path(tmp_path, 0).write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="client-00000.pt is unreadable.*privacy ledger") as err:
-        client_state.load_state(cfg, 0, tmp_path, version=1)
+        client_state.load_state(cfg, 0, tmp_path, version=1, critic_lr=cfg.lr_d)
     # Deleting the file would reset the client's ledger (and its budget): never advised.
     assert "delete it" not in str(err.value)
     with pytest.raises(RuntimeError, match="unreadable"):
@@ -135,10 +137,12 @@ def test_file_of_another_client_or_model_is_a_clear_error(cfg, tmp_path):
     _answered(cfg, 1, tmp_path)
     client_state.clear_cache()
     with pytest.raises(RuntimeError, match="does not fit this run's configuration"):
-        client_state.load_state(cfg.replace(model="small"), 1, tmp_path, version=0)
+        client_state.load_state(
+            cfg.replace(model="small"), 1, tmp_path, version=0, critic_lr=cfg.replace(model="small").lr_d
+        )
     client_state.state_path(tmp_path, 1).rename(client_state.state_path(tmp_path, 2))
     with pytest.raises(RuntimeError, match="holds client 1, not 2"):
-        client_state.load_state(cfg, 2, tmp_path, version=1)
+        client_state.load_state(cfg, 2, tmp_path, version=1, critic_lr=cfg.lr_d)
 
 
 def test_loading_leaves_the_global_rng_and_threads_alone(cfg, tmp_path):
@@ -149,7 +153,7 @@ def test_loading_leaves_the_global_rng_and_threads_alone(cfg, tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    client_state.load_state(cfg, 6, tmp_path, version=1)
+    client_state.load_state(cfg, 6, tmp_path, version=1, critic_lr=cfg.lr_d)
     assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
 
 

@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from common.calibration import calibrate
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig, calibrate
 from common.privacy import PrivacyEvent, PrivacyLedger
 
 

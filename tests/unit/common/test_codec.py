@@ -8,8 +8,6 @@ from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
 from common.codec import (
-    GsAnswer,
-    GsQuery,
     PayloadError,
     decode_grads,
     decode_labels,
@@ -20,9 +18,8 @@ from common.codec import (
     label_dtype,
     quantize_samples,
     to_wire,
-    validate_answer,
-    validate_query,
 )
+from common.methods.gswgan.messages import GsAnswer, GsQuery, validate_answer, validate_query
 from protos import wire
 from protos.wire import message_wire_bytes
 

@@ -5,7 +5,8 @@ import tomllib
 
 import pytest
 
-from common.config import ConfigError, ExperimentConfig
+from common.config import ConfigError
+from common.methods import ExperimentConfig
 from simulations.cli import build_parser, resolve_config
 from tests.helpers import ROOT
 
@@ -134,7 +135,7 @@ def test_target_epsilon_with_a_noise_multiplier_is_refused_naming_both(tmp_path,
     """Item 19: --target-epsilon silently replaced an explicit --noise-multiplier. Refused on the
     command line, in a TOML file, and across the two; config.json and Flower's run_config hold
     every key, so there (as the help says) the target wins."""
-    from common.calibration import calibrate
+    from common.methods import calibrate
     from simulations.cli import main
 
     assert main(["simulate", "--target-epsilon", "10", "--noise-multiplier", "2", "--steps", "1"]) == 2

@@ -12,7 +12,7 @@ from torch import nn
 
 from client import state as client_state
 from common.codec import decode_grads
-from common.config import ConfigError, ExperimentConfig
+from common.config import ConfigError
 from common.dpac import (
     TRAIN_MODES,
     build_classifier,
@@ -21,7 +21,9 @@ from common.dpac import (
     train_classifier,
 )
 from common.losses import generator_sample_grads
-from common.methods.gswgan import answer_query, first_contact
+from common.methods import ExperimentConfig
+from common.methods.gswgan.client import answer_query
+from common.methods.gswgan.critic import first_contact
 from common.privacy import NodePolicy
 from tests.helpers import gs_query
 
@@ -120,7 +122,7 @@ def test_a_dpac_answer_is_one_release_with_gs_wgans_event(cfg):
     answers, events = {}, {}
     for beta in (1.0, 0.5):
         c = cfg.replace(dpac_beta=beta, dpac_init=3, noise_multiplier=0.0)
-        state = client_state.new_state(c, 1)
+        state = client_state.new_state(c, 1, critic_lr=c.lr_d)
         answers[beta] = answer_query(state, c, gs_query(c), NodePolicy(allow_nonprivate=True))  # σ = 0
         assert state.ledger.queries == 1
         events[beta] = state.ledger.history[-1]
@@ -133,7 +135,7 @@ def test_a_dpac_answer_is_one_release_with_gs_wgans_event(cfg):
 
 def test_first_contact_trains_c_on_real_data_without_privacy_cost(cfg):
     c = cfg.replace(dpac_beta=0.5, dpac_init=4)
-    state = client_state.new_state(c, 0)
+    state = client_state.new_state(c, 0, critic_lr=c.lr_d)
     before = [p.detach().clone() for p in state.classifier.parameters()]
     first_contact(state, c)
     assert state.classifier_ready and state.ledger.queries == 0
@@ -142,11 +144,11 @@ def test_first_contact_trains_c_on_real_data_without_privacy_cost(cfg):
 
 def test_the_classifier_survives_a_new_process(cfg, tmp_path):
     c = cfg.replace(dpac_beta=0.5, dpac_init=2)
-    state = client_state.new_state(c, 1)
+    state = client_state.new_state(c, 1, critic_lr=c.lr_d)
     answer_query(state, c, gs_query(c, 0))
     client_state.save_state(state, tmp_path)
     client_state.clear_cache()
-    loaded = client_state.load_state(c, 1, tmp_path, version=state.version)
+    loaded = client_state.load_state(c, 1, tmp_path, version=state.version, critic_lr=c.lr_d)
     assert loaded.classifier_ready
     for a, b in zip(state.classifier.state_dict().values(), loaded.classifier.state_dict().values(), strict=True):
         assert torch.equal(a, b)

@@ -20,7 +20,7 @@ from common.models import (
     sample_latent,
 )
 
-# Official GS-WGAN MNIST networks (DESIGN.md section 2): ResNet G 3.83M, DCGAN D 1.07M.
+# Official GS-WGAN MNIST networks (the paper's code): ResNet G 3.83M, DCGAN D 1.07M.
 PAPER_G_PARAMS = 3.83e6
 PAPER_D_PARAMS = 1.07e6
 

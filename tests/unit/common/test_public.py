@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError, ExperimentConfig
+from common.config import ConfigError
 from common.data import clear_cache, client_arrays, partition_sizes
 from common.data.clients import training_set
 from common.data.public import held_out, public_arrays
 from common.data.synthetic import synthetic_writer
+from common.methods import ExperimentConfig
 
 
 def _snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -68,7 +69,7 @@ def test_the_public_options_are_checked_at_the_boundary():
 
 
 def test_gswgan_public_warm_start_moves_g_and_charges_nobody():
-    from common.methods.gswgan import ServerGenerator
+    from common.methods.gswgan.generator import ServerGenerator
 
     cfg = ExperimentConfig(model="tiny", num_clients=3, public_data="synthetic", public_size=64, public_warmup_steps=2)
     server = ServerGenerator(cfg, 10)
@@ -83,12 +84,12 @@ def test_gswgan_public_warm_start_moves_g_and_charges_nobody():
 
 def test_gswgan_clients_warm_start_on_public_data_first_at_no_cost():
     from client import state as client_state
-    from common.methods.gswgan import first_contact
+    from common.methods.gswgan.critic import first_contact
 
     cfg = ExperimentConfig(
         model="tiny", num_clients=2, batch_size=8, public_data="synthetic", public_size=32, public_warmup_steps=3
     )
-    state = client_state.new_state(cfg, 0)
+    state = client_state.new_state(cfg, 0, critic_lr=cfg.lr_d)
     before = _snapshot(state.discriminator)
     first_contact(state, cfg)
     assert state.warmed_up and state.ledger.queries == 0
@@ -96,7 +97,7 @@ def test_gswgan_clients_warm_start_on_public_data_first_at_no_cost():
 
 
 def test_dpgan_public_warm_start_adds_no_dp_step():
-    from common.methods.dpgan import new_node, run_round
+    from common.methods.dpgan.curator import new_node, run_round
 
     cfg = ExperimentConfig(
         strategy="dpgan",
@@ -115,7 +116,7 @@ def test_dpgan_public_warm_start_adds_no_dp_step():
 
 
 def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
-    from server.strategies.fedavg_gan import FedAvgGanStrategy
+    from common.methods.fedavg_gan.server import FedAvgServer
 
     cfg = ExperimentConfig(
         strategy="fedavg-gan",
@@ -126,10 +127,10 @@ def test_fedavg_public_warm_start_moves_g_and_the_first_global_d():
         public_size=64,
         public_warmup_steps=2,
     )
-    strategy = FedAvgGanStrategy(cfg, 10, "")
+    strategy = FedAvgServer(cfg, 10)
     g_before = _snapshot(strategy.generator)
     d_before = _snapshot(strategy.discriminator)
-    strategy.configure_step(0, [])
+    strategy.requests(0, [])
     assert strategy.public_warmed and strategy.ema.num_updates == 0
     assert _moved(g_before, strategy.generator)
     assert _moved(d_before, strategy.discriminator)

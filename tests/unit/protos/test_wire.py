@@ -10,7 +10,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from common.codec import PayloadError
-from common.messages import HelloReply, StateDict, Stats, catalogue
+from common.messages import HelloReply, StateDict, Stats
+from common.methods import catalogue
 from protos import wire
 
 

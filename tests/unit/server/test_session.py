@@ -3,12 +3,12 @@ only who may hold a release."""
 
 import pytest
 
-from common.config import ExperimentConfig
 from common.messages import HelloReply, LedgerQuery, LedgerReply
+from common.methods import ExperimentConfig
 from protos import wire
 from server import session
 from server.session import fetch_ledgers, greet, hello
-from server.strategies.base import Incoming, Outgoing
+from server.strategy import Incoming, Outgoing
 from server.transport import Exchange
 
 NODE = 1000  # node ids differ from client ids, as in Flower

@@ -55,8 +55,6 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
         "steps_completed",
         "num_clients",
         "batch_size",
-        "noise_multiplier",
-        "clip",
         "delta",
         "accounting",
         "clients",
@@ -66,6 +64,7 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
         "epsilon_amplified",
     ):
         assert key in summary
+    assert {"noise_multiplier", "clip"} <= set(summary["method"]["gswgan"])  # the method's own, under its name
     assert {"bytes_per_step", "bytes_down_total", "bytes_up_total"} <= set(summary["comm"])
     assert main(["simulate", "--out", str(out), *TINY]) == 2  # refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err

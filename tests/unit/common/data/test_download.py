@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import ExperimentConfig
 from common.data import DataError, clear_cache, load_dataset
 from common.data.download import SOURCES, describe, download
 from common.data.formats import mnist_filenames
 from common.data.testing import write_emnist, write_mnist_like, write_tff_h5
+from common.methods import ExperimentConfig
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

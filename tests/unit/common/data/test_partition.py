@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config import ExperimentConfig
 from common.data import (
     DataError,
     PartitionError,
@@ -32,6 +31,7 @@ from common.data.testing import (
     write_mnist_like,
     write_tff_h5,
 )
+from common.methods import ExperimentConfig
 
 
 def _assert_disjoint(parts: list[np.ndarray], n: int) -> np.ndarray:
@@ -167,9 +167,10 @@ def test_inverted_clients_match_the_draw(mnist_root: Path) -> None:
 
 
 def test_check_partition_sizes_names_batch_size(mnist_root: Path) -> None:
-    assert check_partition_sizes(_cfg(mnist_root)) == [100] * 4
+    cfg = _cfg(mnist_root)
+    assert check_partition_sizes(cfg, need=cfg.batch_size) == [100] * 4
     with pytest.raises(ValueError, match="batch_size=128") as err:
-        check_partition_sizes(_cfg(mnist_root, batch_size=128))
+        check_partition_sizes(_cfg(mnist_root, batch_size=128), need=128)
     assert isinstance(err.value, DataError)
 
 
@@ -195,7 +196,7 @@ def test_emnist_and_synthetic_iid(tmp_path: Path) -> None:
     syn = ExperimentConfig(
         partition="iid", num_clients=3, synthetic_writers=5, synthetic_samples_per_writer=12, batch_size=4
     )
-    assert check_partition_sizes(syn) == [20] * 3
+    assert check_partition_sizes(syn, need=syn.batch_size) == [20] * 3
 
 
 def test_femnist_client_reads_only_its_writer(tmp_path: Path, monkeypatch) -> None:
@@ -206,6 +207,6 @@ def test_femnist_client_reads_only_its_writer(tmp_path: Path, monkeypatch) -> No
     cfg = ExperimentConfig(dataset="femnist", data_dir=str(tmp_path), partition="writer", num_clients=3, batch_size=2)
     client = load_client_partition(cfg, 2)
     assert len(client) == 4 and np.allclose(client.images.numpy(), 2 / 255.0)
-    assert check_partition_sizes(cfg) == [2, 3, 4]
+    assert check_partition_sizes(cfg, need=cfg.batch_size) == [2, 3, 4]
     with pytest.raises(PartitionError, match="4 is more than the 3 writers"):
         load_client_partition(cfg.replace(num_clients=4, clients_per_step=1), 0)

@@ -7,7 +7,6 @@ import time
 import numpy as np
 import pytest
 
-from common.config import ExperimentConfig
 from common.data import (
     clear_cache,
     load_client_partition,
@@ -17,6 +16,7 @@ from common.data import (
     synthetic_writer,
 )
 from common.data.synthetic import synthetic_writer_labels, writer_style
+from common.methods import ExperimentConfig
 
 
 def test_shape_dtype_and_ink() -> None:

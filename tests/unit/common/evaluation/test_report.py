@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.evaluation import grids, plots
+from common.evaluation import frontier_plot, grids, plots
 from common.evaluation.report import format_eval_table, write_report
 from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 
@@ -437,7 +437,7 @@ FRONTIER_ROWS = [
 
 
 def test_frontier_series_puts_the_noiseless_runs_right_of_every_finite_epsilon() -> None:
-    series, inf_x = plots.frontier_series(FRONTIER_ROWS, "fid_domain")
+    series, inf_x = frontier_plot.frontier_series(FRONTIER_ROWS, "fid_domain")
     assert inf_x == pytest.approx(99.9)  # 10x the largest finite ε; DPGAN's 3e9 at σ = 1e-6 is an ∞ point
     assert series["gswgan"] == [(0.98, 900.0), (9.99, 300.0), (pytest.approx(99.9), 80.0)]
     assert series["dpgan"] == [(pytest.approx(99.9), 60.0)]  # the row without a value is left out
@@ -445,7 +445,7 @@ def test_frontier_series_puts_the_noiseless_runs_right_of_every_finite_epsilon()
 
 @pytest.mark.parametrize("rows", [FRONTIER_ROWS, [], [{"strategy": "x", "target": 1.0, "epsilon": None}]])
 def test_frontier_plot(tmp_path: Path, rows: list[dict]) -> None:
-    assert_png(plots.plot_frontier(rows, tmp_path / "frontier.png"))
+    assert_png(frontier_plot.plot_frontier(rows, tmp_path / "frontier.png"))
 
 
 def test_thin_plots_say_how_to_get_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 the calibration, the validation of a release, and the server's fit."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -10,20 +11,16 @@ import torch
 from common.calibration import ledger_epsilon
 from common.client_state import new_state
 from common.codec import PayloadError
-from common.config import ConfigError, ExperimentConfig
-from common.methods.dp_merf import (
-    FeatureMap,
-    MerfGenerator,
-    MerfRelease,
-    MerfRequest,
-    calibrate,
-    class_means,
-    clip_summary,
-    embed,
-    honest_norm_bound,
-    release,
-)
+from common.config import ConfigError
+from common.methods import ExperimentConfig
+from common.methods.dp_merf.client import clip_summary, release
+from common.methods.dp_merf.features import FeatureMap, class_means, embed
+from common.methods.dp_merf.generator import MerfGenerator
+from common.methods.dp_merf.messages import MerfRelease, MerfRequest
+from common.methods.dp_merf.privacy import calibrate, honest_norm_bound
 from common.privacy import NodePolicy, PrivacyLedger
+from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
+from tests.helpers import federation, one_step
 
 
 def cfg(**changes) -> ExperimentConfig:
@@ -114,7 +111,7 @@ def test_calibration_recomputes_from_a_ledger():
 
 
 def release_event(c):
-    from common.methods.dp_merf import planned_event
+    from common.methods.dp_merf.privacy import planned_event
 
     return planned_event(c)
 
@@ -175,8 +172,23 @@ def test_the_server_fits_g_to_the_target_and_reads_the_class_shares():
 
 def test_small_partitions_are_fine_for_a_method_that_draws_no_batches():
     from common.data import check_partition_sizes
+    from common.methods import method
 
     small = dict(synthetic_samples_per_writer=5, batch_size=32)
-    assert check_partition_sizes(cfg(**small)) == [5, 5, 5, 5]
+    merf = cfg(**small)
+    assert check_partition_sizes(merf, need=method(merf.strategy).min_client_images(merf)) == [5, 5, 5, 5]
     with pytest.raises(ConfigError, match="batch_size=32: larger than a client's partition"):
         cfg(**small, strategy="gswgan")
+
+
+# --- the client side (through the client's shell: real nodes in this process) ---------------------
+def test_each_node_releases_once_charged_to_its_node_ledger_and_refuses_a_second(tmp_path):
+    c = cfg(out=str(tmp_path / "run"), num_clients=3, progress=False)
+    transport, nodes = federation(c)
+    _, outcome = one_step(c, transport, nodes, asked=[0, 1, 2])
+    assert outcome.took_step and not outcome.failed_nodes
+    root = os.environ[NODE_STATE_ENV]
+    assert [read_node_book(root, k).by_method for k in range(3)] == [{"dp-merf": 1}] * 3
+    _, again = one_step(c, transport, nodes, asked=[1])  # one release per node, whatever the run
+    assert again.exhausted_nodes == [nodes[1]] and "already released its DP-MERF summary" in again.notes[0]
+    assert read_node_book(root, 1).ledger.queries == 1

@@ -21,7 +21,7 @@ from common.privacy.analysis import (
 )
 
 DELTA = 1e-5
-# DESIGN.md defaults: σ=1.07, B=32 -> one query is a Gaussian mechanism with multiplier σ/√B.
+# GS-WGAN's defaults: σ=1.07, B=32 -> one query is a Gaussian mechanism with multiplier σ/√B.
 NM = 1.07 / math.sqrt(32)
 
 
@@ -73,7 +73,7 @@ def test_query_noise_multiplier_is_sigma_over_sqrt_b() -> None:
 
 # --- golden values (Opacus 1.6 RDP on ORDERS) ----------------------------------------------------
 def test_golden_poisson_amplified_defaults() -> None:
-    """DESIGN.md: q=1/1000, T=20000, σ/√B -> about 360 under Poisson sampling (the per-sample
+    """GS-WGAN's paper settings: q=1/1000, T=20000, σ/√B -> about 360 under Poisson sampling (the per-sample
     script's 9.99 is wrong). fedgan's server samples without replacement: see test_privacy_wor."""
     eps, order = rdp_epsilon([(NM, 1e-3, 20_000)], delta=DELTA)
     assert eps == pytest.approx(359.4802262420863, rel=1e-6)

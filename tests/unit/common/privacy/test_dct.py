@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from common import client_state
-from common.codec import PayloadError, decode_grads, validate_answer
-from common.config import ExperimentConfig
-from common.methods.gswgan import ServerGenerator, answer_query
+from common.codec import PayloadError, decode_grads
+from common.methods import ExperimentConfig
+from common.methods.gswgan.client import answer_query
+from common.methods.gswgan.generator import ServerGenerator
+from common.methods.gswgan.messages import validate_answer
 from common.privacy.dct import dct_basis, to_coefficients, to_pixels
 from tests.helpers import gs_query
 
@@ -39,7 +41,7 @@ def cfg():
 
 
 def test_a_client_releases_clipped_noised_coefficients_with_the_same_privacy_event(cfg) -> None:
-    state = client_state.new_state(cfg, 1)
+    state = client_state.new_state(cfg, 1, critic_lr=cfg.lr_d)
     answer = answer_query(state, cfg, gs_query(cfg))
     coeffs = decode_grads(answer.grad, answer.grad_encoding, batch_size=8, coords=36)
     assert coeffs.shape == (8, 36)
@@ -50,7 +52,7 @@ def test_a_client_releases_clipped_noised_coefficients_with_the_same_privacy_eve
 
 def test_the_server_refuses_pixels_when_it_expects_coefficients(cfg) -> None:
     raw = cfg.replace(grad_dct=0, wire_compression="none")
-    pixels = answer_query(client_state.new_state(raw, 1), raw, gs_query(raw))
+    pixels = answer_query(client_state.new_state(raw, 1, critic_lr=raw.lr_d), raw, gs_query(raw))
     with pytest.raises(PayloadError, match="grad"):
         validate_answer(pixels, batch_size=8, step=pixels.step, coords=36)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ExperimentConfig
+from common.methods import ExperimentConfig, run_terms
 from common.privacy import (
     NodePolicy,
     PolicyError,
@@ -15,36 +15,42 @@ from common.privacy import (
 from common.privacy.policy import POLICY_ENV, policy_from_file
 
 
+def refusals(policy: NodePolicy, cfg: ExperimentConfig) -> list[str]:
+    """Why a node with ``policy`` refuses a run configured as ``cfg``, as its shell asks: with what
+    the run's method says of its releases."""
+    return policy.violations(cfg, run_terms(cfg))
+
+
 def test_defaults_forbid_every_non_private_option() -> None:
     policy = NodePolicy()
-    assert policy.violations(ExperimentConfig()) == []
+    assert refusals(policy, ExperimentConfig()) == []
     for change, word in [
         (dict(noise_seed=3), "noise seed"),
         (dict(client_stats=True), "statistics"),
         (dict(noise_multiplier=0.0), "without noise"),
         (dict(strategy="dpgan", sampling_seed=1), "DP-SGD batches"),
     ]:
-        (reason,) = policy.violations(ExperimentConfig(**change))
+        (reason,) = refusals(policy, ExperimentConfig(**change))
         assert word in reason and "allow-nonprivate" in reason
     # The server's own sampling seed only voids the server-side (amplified) figure: allowed.
-    assert policy.violations(ExperimentConfig(sampling_seed=1)) == []
-    assert NodePolicy(allow_nonprivate=True).violations(ExperimentConfig(noise_seed=3, client_stats=True)) == []
+    assert refusals(policy, ExperimentConfig(sampling_seed=1)) == []
+    assert refusals(NodePolicy(allow_nonprivate=True), ExperimentConfig(noise_seed=3, client_stats=True)) == []
 
 
 def test_a_server_asking_for_less_noise_a_larger_budget_or_delta_is_refused() -> None:
     policy = NodePolicy(min_noise_multiplier=1.0, max_epsilon=50.0, delta=1e-6)
     asks = dict(noise_multiplier=0.8, batch_size=1, client_epsilon_budget=80.0, delta=1e-5)  # B = 1: σ/√B = σ
-    reasons = policy.violations(ExperimentConfig(**asks))
+    reasons = refusals(policy, ExperimentConfig(**asks))
     assert len(reasons) == 3
     assert "0.8 of each release is below the node's minimum 1" in reasons[0]
     assert "80 exceeds the node's maximum 50" in reasons[1]
     assert "delta 1e-05 is larger than the node's delta 1e-06" in reasons[2]
     fine = ExperimentConfig(noise_multiplier=1.2, batch_size=1, client_epsilon_budget=10.0, delta=1e-7)
-    assert policy.violations(fine) == []
-    fedavg = policy.violations(ExperimentConfig(strategy="fedavg-gan", delta=1e-6))
+    assert refusals(policy, fine) == []
+    fedavg = refusals(policy, ExperimentConfig(strategy="fedavg-gan", delta=1e-6))
     assert any("raw discriminator updates" in r for r in fedavg)
     dpgan = ExperimentConfig(strategy="dpgan", dpgan_noise_multiplier=0.5, delta=1e-6)
-    assert "0.5 of each release is below" in policy.violations(dpgan)[0]
+    assert "0.5 of each release is below" in refusals(policy, dpgan)[0]
 
 
 def test_both_budgets_are_enforced_each_at_its_own_delta() -> None:
@@ -124,14 +130,14 @@ def test_the_minimum_noise_bounds_each_releases_own_multiplier() -> None:
     the server picks B (σ 1, B 100: multiplier 0.1, ε 96 for one answer, accepted under a minimum of
     1.0); Fed-Avg was exempt from the noise and the non-private checks (raw deltas went out)."""
     policy = NodePolicy(min_noise_multiplier=1.0)
-    (reason,) = policy.violations(ExperimentConfig(noise_multiplier=1.0, batch_size=100))
+    (reason,) = refusals(policy, ExperimentConfig(noise_multiplier=1.0, batch_size=100))
     assert "noise multiplier 0.1 of each release is below the node's minimum 1" in reason
-    assert policy.violations(ExperimentConfig(noise_multiplier=10.0, batch_size=100)) == []
+    assert refusals(policy, ExperimentConfig(noise_multiplier=10.0, batch_size=100)) == []
     # the release itself is checked too, whatever the hello said
     ledger, query = PrivacyLedger(), PrivacyEvent(noise_multiplier=0.1)
     assert "below the node's minimum 1" in policy.release_refusal(ledger, query, ExperimentConfig(), "one more answer")
     # Fed-Avg's clients add no noise (0): below any minimum, and sent only to a server the node trusts
     fedavg = ExperimentConfig(strategy="fedavg-gan")
-    assert any("below the node's minimum" in r for r in policy.violations(fedavg))
-    assert any("trust-server = true" in r for r in NodePolicy().violations(fedavg))
-    assert NodePolicy(trust_server=True).violations(fedavg) == []
+    assert any("below the node's minimum" in r for r in refusals(policy, fedavg))
+    assert any("trust-server = true" in r for r in refusals(NodePolicy(), fedavg))
+    assert refusals(NodePolicy(trust_server=True), fedavg) == []

@@ -7,24 +7,39 @@ import math
 
 import pytest
 
+from common.methods import ExperimentConfig
+from common.methods.dpgan import privacy as dpgan_privacy
+from common.methods.fedavg_gan import privacy as fedavg_privacy
+from common.methods.gswgan import privacy as gswgan_privacy
+from common.methods.gswgan.privacy import RULE_AMPLIFIED_WOR, RULE_PER_CLIENT
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED, VOID_RAW_DELTA
 from common.privacy.statement import (
     KIND_EXAMPLE,
-    RULE_AMPLIFIED_WOR,
-    RULE_PER_CLIENT,
     client_entry,
-    dpgan_statement,
     epsilon_meaning,
-    fedavg_statement,
-    gswgan_statement,
     max_epsilon,
+    per_client_sentence,
     server_entry,
 )
 
 DELTA = 1e-5
 NM = 1.07 / math.sqrt(32)
 GS = dict(delta=DELTA, accountant="rdp", noise_multiplier=1.07, batch_size=32)
+
+
+def gswgan_statement(ledgers, server, *, prior: str = "", **options) -> str:
+    """GS-WGAN's statement of a run configured with ``options``."""
+    return gswgan_privacy.statement(ExperimentConfig(**options), ledgers, server, prior=prior)
+
+
+def dpgan_statement(ledger, **options) -> str:
+    return dpgan_privacy.statement(ExperimentConfig(strategy="dpgan", **options), ledger)
+
+
+def fedavg_statement(ledgers, server, *, clip: float, noise_multiplier: float, **options) -> str:
+    cfg = ExperimentConfig(strategy="fedavg-gan", fedavg_clip=clip, fedavg_noise_multiplier=noise_multiplier, **options)
+    return fedavg_privacy.statement(cfg, ledgers, server)
 
 
 def _ledgers(counts: dict[int, int], void: str = "") -> dict[int, PrivacyLedger]:
@@ -136,11 +151,9 @@ def test_dpac_is_named_in_both_statements():
 
 def test_without_noise_no_client_is_named_most_exposed():
     """Issue 14, item 18: at σ = 0 the statement named the client with the fewest queries."""
-    from common.privacy.statement import _per_client_sentence
-
     ledgers = {
         0: PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, sample_rate=1.0, count=1)]),
         1: PrivacyLedger([PrivacyEvent(noise_multiplier=0.0, sample_rate=1.0, count=5)]),
     }
-    text, worst = _per_client_sentence(ledgers, delta=1e-5, accountant="rdp", what="answers")
+    text, worst = per_client_sentence(ledgers, delta=1e-5, accountant="rdp", what="answers")
     assert worst is None and "unbounded for 2 of them" in text and "most exposed" not in text

@@ -1,0 +1,208 @@
+"""What every method shares: the defaults of the contract's optional members (``MethodBase``) and
+the server side's ledger keeping (``ServerBase``).
+
+``ServerBase`` holds the node -> client map, the server's record of each client beside the clients'
+own ledgers (``common/privacy/records.py``; reports keep the larger), the triage of a step's
+replies (lost, malformed, refused, or the method's to accept), the end-of-run ledger fetch, and the
+skeleton of the privacy report. A method's server side fills in what is its own: what to accept,
+how to update, and the parts of its report (its headline's kind and rule, the figure beside it,
+its mechanism, its statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.records import ClientRecords, LedgerClaim
+from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
+
+from .protocol import ClientNode, PriorReleases, Reply, StepOutcome
+
+if TYPE_CHECKING:
+    from common.client_state import ClientState
+    from common.methods import ExperimentConfig
+    from common.privacy import NodePolicy
+
+
+def or_error(fn: Callable[..., Any], *args: object) -> Any:
+    """``fn(*args)``, or the error it raised: one node's failure, returned in its place."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - this node fails, the others go on
+        return err
+
+
+class MethodBase:
+    """The defaults of ``Method``'s optional members (see its docstring); a method's class derives
+    from it and overrides what it needs."""
+
+    accepts_prior_releases = False
+    unbounded_against_server = False
+    supports_dpac = False
+
+    def min_client_images(self, cfg: ExperimentConfig) -> int:
+        return cfg.batch_size
+
+    def client_critic_lr(self, cfg: ExperimentConfig) -> float | None:
+        return None
+
+    def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:
+        return steps
+
+    def check_sizes(self, cfg: ExperimentConfig, sizes: list[int]) -> None:
+        return None
+
+    def node_ledger(self, cfg: ExperimentConfig, client_id: int, state_dir: str) -> PrivacyLedger | None:
+        return None
+
+    def answer_many(self, nodes: list[ClientNode], requests: list[Any]) -> list[Any]:
+        """Each node's reply, or the error that made that node fail (it alone)."""
+        return [or_error(self.answer, node, request) for node, request in zip(nodes, requests, strict=True)]
+
+    def answer(self, node: ClientNode, request: Any) -> Any:
+        raise NotImplementedError
+
+    auditable = False  # ``canary_score`` runs its release path (``fedgan audit``)
+
+    def canary_score(
+        self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
+    ) -> float:
+        raise NotImplementedError(f"{getattr(self, 'name', 'this method')} has no white-box audit")
+
+
+NOT_APPLICABLE = {"epsilon": None, "epsilon_reason": "not applicable", "kind": ""}
+
+
+class ServerBase:
+    """The ledger-keeping part of every method's server side (see the module docstring)."""
+
+    reply_noun = "reply"  # what the notes call one of its replies ("a malformed delta")
+    progress_metrics: dict[str, str] = {}  # label -> step metric shown beside ε on the progress bar
+    epsilon_kind = ""  # what its headline ε protects, against whom (``common/privacy/statement.py``)
+    accounting = ""  # the rule its headline ε is composed by
+
+    def __init__(self, cfg: ExperimentConfig, prior: PriorReleases | None = None) -> None:
+        self.cfg = cfg
+        self.prior = prior or PriorReleases()
+        self.records = ClientRecords(cfg.delta, self.prior.clients)
+        self.node_client: dict[int, int] = {}
+
+    def bind_nodes(self, node_client: dict[int, int]) -> None:
+        """Learn which client (partition) each node holds, from the run's hello exchange."""
+        self.node_client = dict(node_client)
+
+    def client_of(self, node: int) -> int:
+        return self.node_client.get(node, -1)
+
+    def charge(self, node: int, event: PrivacyEvent) -> None:
+        """Charge the server's record of the client ``node`` holds."""
+        self.records.charge(self.client_of(node), event)
+
+    # --- a step's replies ----------------------------------------------------------------------
+    def aggregate(self, step: int, replies: list[Reply]) -> StepOutcome:
+        """Sort the replies: lost or malformed ones fail their node, refusals exhaust it, the rest go
+        to ``accept``; then ``update`` with what was accepted."""
+        outcome = StepOutcome(took_step=False)
+        accepted = []
+        for reply in replies:
+            if reply.payload is None:
+                self.on_lost(reply)
+                outcome.failed_nodes.append(reply.node)
+                outcome.notes.append(self._lost_note(reply))
+            elif reply.payload.refused:
+                self.on_refused(reply)
+                outcome.exhausted_nodes.append(reply.node)
+                outcome.notes.append(str(reply.payload.reason))
+            else:
+                kept = self.accept(step, reply, outcome)
+                if kept is not None:
+                    accepted.append(kept)
+        self.update(step, accepted, replies, outcome)
+        return outcome
+
+    def _lost_note(self, reply: Reply) -> str:
+        who = f"node {reply.node} (client {reply.client})"
+        if reply.lost:
+            return f"{who} failed: {reply.problem}"
+        return f"{who} sent a malformed {self.reply_noun}, ignored: {reply.problem}"
+
+    def reject(self, reply: Reply, outcome: StepOutcome, why: str) -> None:
+        """A decoded reply that no honest node sends: its node fails, the note says why."""
+        outcome.failed_nodes.append(reply.node)
+        outcome.notes.append(
+            f"node {reply.node} (client {reply.client}) sent a {self.reply_noun} no honest client sends, ignored: {why}"
+        )
+
+    def on_lost(self, reply: Reply) -> None:
+        """A lost or malformed reply (default: what was charged when the request was sent stands)."""
+
+    def on_refused(self, reply: Reply) -> None:
+        """An explicit refusal, which released nothing (default: nothing to withdraw)."""
+
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> Any:
+        """What this reply contributes to the step, or None (its node marked in ``outcome``)."""
+        raise NotImplementedError
+
+    def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
+        """The server's update from the accepted contributions; sets ``outcome.took_step``."""
+        raise NotImplementedError
+
+    # --- the clients' own ledgers --------------------------------------------------------------
+    def ledger_nodes(self, nodes: list[int]) -> list[int]:
+        """The nodes asked for their own ledgers at the end of a run (default: all of them)."""
+        return list(nodes)
+
+    def absorb_ledgers(self, claims: list[LedgerClaim], *, final: bool = True) -> list[str]:
+        """Take the ledgers the nodes sent (at the hello: ``final`` False; at the end of the run);
+        returns notes for the run."""
+        return self.records.absorb(self.node_client, claims, final=final)
+
+    # --- the report ------------------------------------------------------------------------------
+    def privacy_report(self, *, final: bool = False) -> dict[str, Any]:
+        """Per-client and global privacy figures for metrics, summary.json and privacy.json: every
+        ε from a ledger (``common/privacy/statement.py``), the statement only when ``final``."""
+        cfg = self.cfg
+        ledgers = self.headline_ledgers()
+        clients = [
+            client_entry(cid, ledger, delta=cfg.delta, accountant=cfg.accountant, final=final)
+            for cid, ledger in ledgers.items()
+        ]
+        report = {
+            "clients": clients,
+            "epsilon_max": max_epsilon(clients),
+            "epsilon_kind": self.epsilon_kind,
+            "accounting": self.accounting,
+            "epsilon_amplified": self.beside(final=final),
+            "not_private": not_private_reasons(self.voiding_ledgers(ledgers)),
+            "mechanism": self.mechanism(),
+            "parameters": self.parameters(),
+        }
+        if final:
+            report["statement"] = self.statement(ledgers)
+        return report
+
+    def headline_ledgers(self) -> dict[int, PrivacyLedger]:
+        """The ledger behind each client's headline ε (default: every client's, the larger record)."""
+        return self.records.ledgers(range(self.cfg.num_clients))
+
+    def voiding_ledgers(self, ledgers: dict[int, PrivacyLedger]) -> list[PrivacyLedger]:
+        """The ledgers whose void releases make the headline NOT PRIVATE (default: the headline's)."""
+        return list(ledgers.values())
+
+    def beside(self, *, final: bool) -> dict[str, Any]:
+        """The figure beside the headline (``epsilon_amplified``): default, none."""
+        return {**NOT_APPLICABLE, "assumption": "not applicable"}
+
+    def mechanism(self) -> dict[str, float]:
+        """The noise and sampling parameters, as the report's table shows them."""
+        raise NotImplementedError
+
+    def parameters(self) -> dict[str, Any]:
+        """The method's own figures for summary.json and privacy.json (under its name)."""
+        raise NotImplementedError
+
+    def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
+        """The plain-language privacy statement of privacy.json."""
+        raise NotImplementedError

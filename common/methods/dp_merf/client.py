@@ -1,0 +1,77 @@
+"""A DP-MERF client's one release: its summary clipped to S and noised with std 2σS per coordinate,
+recorded once in its ledger; a node's budget refuses any second release."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from common.data import num_classes_for
+from common.device import resolve_device
+from common.privacy import NodePolicy, PrivacyEvent
+from common.privacy.sanitizer import release_noise_source
+
+from ..protocol import refusal
+from .features import FeatureMap, embed
+from .messages import MerfRelease, MerfRequest
+from .privacy import planned_event
+
+if TYPE_CHECKING:
+    from common.client_state import ClientState
+    from common.methods import ExperimentConfig
+
+
+def clip_summary(summary: Tensor, bound: float) -> Tensor:
+    """``summary`` scaled to L2 norm at most ``bound`` (unchanged when already within it)."""
+    return summary * min(1.0, bound / (float(summary.norm()) + 1e-12))
+
+
+def noise_std(cfg: ExperimentConfig) -> float:
+    """The noise std of a release: 2σS (replace-one sensitivity of a summary clipped to S is 2S)."""
+    return 2.0 * cfg.merf_noise_multiplier * cfg.merf_clip
+
+
+def release(
+    state: ClientState,
+    cfg: ExperimentConfig,
+    request: MerfRequest,
+    policy: NodePolicy,
+    *,
+    summary: Tensor | None = None,
+) -> MerfRelease:
+    """This client's one release, or a refusal when its budget would be exceeded (a second request
+    is refused the same way: the budget is the target ε of a single release). ``summary``: a given
+    summary instead of the client's own (a privacy audit's canary, ``fedgan audit``); it is clipped,
+    noised and charged like any other."""
+    event = planned_event(cfg)
+    over = policy.release_refusal(state.ledger, event, cfg, "one more release")
+    if over:
+        return refusal(MerfRelease, request.step, state.client_id, over)
+    if summary is None:
+        device = resolve_device(cfg.device)
+        images, labels = state.data.images.to(device), state.data.labels.to(device)
+        summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg))
+    noise, void = release_noise_source(cfg.noise_seed, state.client_id, request.step)
+    noisy = clip_summary(summary.cpu(), cfg.merf_clip) + noise_std(cfg) * torch.randn(summary.shape, generator=noise)
+    ran = PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=void or event.void)
+    state.ledger.record(ran)
+    state.version += 1
+    return MerfRelease(
+        step=request.step, embedding=noisy.numpy().astype(np.float32), noise_multiplier=ran.noise_multiplier
+    )
+
+
+def released_before(made: int, policy: NodePolicy) -> str:
+    """Why a node that made ``made`` DP-MERF releases (in any run) makes no other (""): DP-MERF is one
+    release per client, so another needs a budget in the node's own policy (max-epsilon), which then
+    decides. Without one, a server could ask again in every run and the releases would compose
+    without bound."""
+    if made and not policy.max_epsilon:
+        return (
+            f"this node already released its DP-MERF summary ({made} release(s) in its ledger); another needs a "
+            "budget in its own policy (max-epsilon)"
+        )
+    return ""

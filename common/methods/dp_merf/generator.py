@@ -1,0 +1,85 @@
+"""DP-MERF's server side, the model: G, its EMA (released), Adam, and the target it is fitted to."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from common.device import resolve_device
+from common.models import GeneratorEMA, build_generator, sample_latent
+
+from .features import FeatureMap, class_means
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+
+class MerfGenerator:
+    """G, its EMA (released), Adam, and the target it is fitted to: the mean of the noisy summaries."""
+
+    def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
+        self.cfg, self.num_classes = cfg, num_classes
+        self.device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.model = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(self.device)
+        self.ema = GeneratorEMA(self.model, decay=cfg.ema_decay)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.merf_lr, betas=(0.9, 0.999))
+        self.fmap = FeatureMap(cfg, self.device)
+        self.rng = torch.Generator().manual_seed(cfg.seed)  # public: the latents
+        self.target: Tensor | None = None
+        self.releases = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_classes, self.fmap.dim)
+
+    def set_target(self, releases: list[Tensor]) -> None:
+        """The target: the mean of the accepted noisy summaries (the count is public to the server)."""
+        self.target = torch.stack(releases).mean(dim=0).to(self.device)
+        self.releases = len(releases)
+
+    def class_weights(self) -> Tensor:
+        """Each class's share of the data, read from the target's count coordinate (uniform when the
+        summaries carry no counts); clamped to [1e-3, 1] against the noise."""
+        if self.target is None or self.cfg.merf_count_share == 0:
+            return torch.full((self.num_classes,), 1.0 / self.num_classes, device=self.device)
+        return (self.target[:, -1] / self.fmap.count).clamp(1e-3, 1.0)
+
+    def step(self) -> float:
+        """One Adam step on the squared distance between G's weighted class means and the target."""
+        if self.target is None:
+            raise RuntimeError("the generator has no target yet: no client's summary was accepted")
+        per_class = self.cfg.merf_batch
+        y = torch.arange(self.num_classes).repeat_interleave(per_class).to(self.device)
+        z = sample_latent(len(y), self.cfg.z_dim, generator=self.rng).to(self.device)
+        self.model.train()
+        means = class_means(self.fmap(self.model(z, y)), y, self.num_classes, total=per_class)
+        loss = (means * self.class_weights()[:, None] - self.target).square().sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.ema.update(self.model)
+        return float(loss.detach())
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.get_state(),
+            "target": None if self.target is None else self.target.cpu(),
+            "releases": self.releases,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.set_state(state["rng"])
+        target = state["target"]
+        if target is not None and tuple(target.shape) != self.shape:
+            raise ValueError(f"the checkpoint's target has shape {tuple(target.shape)}, this run's is {self.shape}")
+        self.target = None if target is None else target.to(self.device)
+        self.releases = int(state["releases"])

@@ -1,0 +1,140 @@
+"""DP-MERF's server side, wire-free.
+
+The first step asks every available client for its one noisy summary; the mean of the accepted
+ones becomes the target, and from then on each step is one generator step on the server that asks
+no client anything (post-processing). A step whose request found no accepted summary asks again
+those still available; the loop stops when none is left.
+
+Privacy records (``ServerBase``): the server's record of each client is charged with the planned
+release when a reply is lost or malformed (the client may have released anyway), with the smaller
+of what was planned and what the client ran when it answered, and not at all on a refusal; the
+clients' own ledgers are fetched at the end and reports keep the larger.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.statement import KIND_PER_CLIENT
+
+from ..base import NOT_APPLICABLE, ServerBase
+from ..protocol import Reply, StepOutcome
+from .generator import MerfGenerator
+from .messages import MerfRelease, MerfRequest
+from .privacy import RULE_DP_MERF, honest_norm_bound, planned_event, statement
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+
+class DpMerfServer(ServerBase):
+    reply_noun = "release"
+    epsilon_kind = KIND_PER_CLIENT
+    accounting = RULE_DP_MERF
+
+    def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
+        super().__init__(cfg)
+        self.generator = MerfGenerator(cfg, num_classes)
+        self.steps_done = 0
+        self.planned = planned_event(cfg)
+
+    @property
+    def collected(self) -> bool:
+        return self.generator.target is not None
+
+    # --- a step ----------------------------------------------------------------------------------
+    def select_nodes(self, available: list[int]) -> list[int]:
+        """Every available node until the summaries are in; nobody afterwards."""
+        return [] if self.collected else list(available)
+
+    def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
+        if nodes and self.cfg.progress:  # the one long step: say what it waits for
+            tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each")
+        return [(node, MerfRequest(step=step)) for node in nodes]
+
+    def expectations(self, step: int) -> dict[str, Any]:
+        return {"step": step, "shape": self.generator.shape}
+
+    def on_lost(self, reply: Reply) -> None:
+        self.charge(reply.node, self.planned)  # it may have released anyway
+
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> torch.Tensor | None:
+        """Charge the release (the smaller noise multiplier of what was planned and what the client
+        says it ran); its summary, unless no honest client sends it."""
+        release: MerfRelease = reply.payload
+        nm = min(self.planned.noise_multiplier, release.noise_multiplier)
+        self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
+        summary = torch.from_numpy(release.embedding)
+        bound = honest_norm_bound(self.cfg, summary.numel())
+        if not float(summary.norm()) <= bound:  # charged (it was released), but not used
+            why = (
+                f"its norm {float(summary.norm()):.3g} exceeds {bound:.3g}, what a summary clipped to S plus "
+                "the noise allows"
+            )
+            self.reject(reply, outcome, why)
+            return None
+        return summary
+
+    def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
+        if not self.collected:
+            if not accepted:
+                outcome.notes.append(f"step {step}: no client's summary was accepted; asking those still available")
+                return
+            self.generator.set_target(accepted)
+        loss = self.generator.step()
+        if not torch.isfinite(torch.tensor(loss)):
+            outcome.notes.append(f"step {step}: the generator's loss was not finite")
+        self.steps_done += 1
+        outcome.took_step = True
+        outcome.metrics = {"train/g_loss": loss, "train/releases": float(self.generator.releases)}
+
+    def released_generator(self) -> nn.Module:
+        return self.generator.ema.module
+
+    # --- the report ------------------------------------------------------------------------------
+    def beside(self, *, final: bool) -> dict[str, Any]:
+        return {
+            **NOT_APPLICABLE,
+            "assumption": "not applicable: every client releases once and nobody is sampled, so there is "
+            "no amplification to claim; the per-client ε holds against any server",
+        }
+
+    def mechanism(self) -> dict[str, float]:
+        cfg = self.cfg
+        return {
+            "σ": cfg.merf_noise_multiplier,
+            "S": cfg.merf_clip,
+            "D": cfg.merf_features,
+            "releases used": self.generator.releases,
+        }
+
+    def parameters(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "noise_multiplier": cfg.merf_noise_multiplier,
+            "clip": cfg.merf_clip,
+            "features": cfg.merf_features,
+            "dct": cfg.merf_dct,
+            "releases_used": self.generator.releases,
+        }
+
+    def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
+        return statement(self.cfg, ledgers, releases_used=self.generator.releases)
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.state_dict(),
+            "records": self.records.state_dict(),
+            "steps_done": self.steps_done,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.load_state_dict(state["generator"])
+        self.records.load_state_dict(state["records"])
+        self.steps_done = int(state["steps_done"])

@@ -1,0 +1,77 @@
+"""Fed-Avg GAN as the shells see it (``common/methods/protocol.py``'s ``Method``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from common.data import num_classes_for
+from common.device import resolve_device
+
+from ..base import MethodBase
+from ..protocol import ClientNode, PriorReleases
+from . import options, privacy
+from .client import client_update
+from .messages import MESSAGES, FedAvgReply, FedAvgRound
+from .privacy import RAW_DELTA
+from .server import FedAvgServer
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+
+class FedAvgGan(MethodBase):
+    name = options.NAME
+    options = options.Options
+    messages = MESSAGES
+    step_label = "rounds"
+    unbounded_against_server = True  # clients send raw deltas: a node with a finite max-epsilon refuses
+
+    def validate(self, cfg: ExperimentConfig) -> None:
+        options.validate(cfg)
+
+    def release_noise(self, cfg: ExperimentConfig) -> float:
+        return privacy.release_noise(cfg)
+
+    def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
+        return privacy.nonprivate_options(cfg)
+
+    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+        return privacy.calibrate(cfg, pooled_size=pooled_size)
+
+    def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:
+        """Each round takes ``server_g_steps`` generator steps."""
+        return steps * cfg.server_g_steps
+
+    def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> FedAvgServer:
+        return FedAvgServer(cfg, num_classes)
+
+    def answer(self, node: ClientNode, request: FedAvgRound) -> FedAvgReply:
+        """A few local WGAN-GP steps on the received D; the reply is the raw delta, which the
+        client's own ledger (and the node's) records as a release without noise."""
+        cfg, state = node.cfg, node.load_state()
+        before = state.ledger.copy()
+        delta = client_update(
+            request.generator,
+            request.discriminator,
+            preset=cfg.model,
+            num_classes=num_classes_for(cfg),
+            z_dim=cfg.z_dim,
+            real_images=state.data.images,
+            real_labels=state.data.labels,
+            local_steps=cfg.local_steps,
+            lr=cfg.fedavg_lr_d,
+            batch_size=cfg.batch_size,
+            gp_weight=cfg.gp_weight,
+            drift=cfg.drift,
+            generator=torch.Generator().manual_seed(request.seed),
+            device=resolve_device(cfg.device),
+        )
+        state.ledger.record(RAW_DELTA)
+        state.version += 1
+        node.record_release(state, before)
+        return FedAvgReply(step=request.step, delta={k: v.contiguous() for k, v in delta.items()})
+
+
+METHOD = FedAvgGan()

@@ -1,0 +1,45 @@
+"""Fed-Avg GAN's section of the configuration (``ExperimentConfig`` composes it) and its own checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.options import check, check_all, option
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+NAME = "fedavg-gan"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Fed-Avg GAN's section of the configuration."""
+
+    fedavg_clients_per_round: int = option(
+        10,
+        "fedavg-gan: expected clients m per round: each client is sampled independently with "
+        "probability q = m/K (DP-FedAvg's Poisson sampling) and the noisy sum is divided by the fixed m",
+    )
+    local_steps: int = option(6, "fedavg-gan: local WGAN-GP SGD steps of D per client per round")
+    server_g_steps: int = option(6, "fedavg-gan: generator SGD steps on the server per round")
+    fedavg_lr_d: float = option(5e-4, "fedavg-gan: clients' discriminator SGD learning rate")
+    fedavg_lr_g: float = option(5e-3, "fedavg-gan: server's generator SGD learning rate")
+    fedavg_clip: float = option(0.1, "fedavg-gan: L2 clip S of each client's whole discriminator delta")
+    fedavg_noise_multiplier: float = option(
+        0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)"
+    )
+
+
+def validate(c: ExperimentConfig) -> None:
+    check_all(c, ("fedavg_clients_per_round", "local_steps", "server_g_steps"), lambda v: v >= 1, "must be >= 1")
+    if c.strategy == NAME:  # only a Fed-Avg run samples m clients per round
+        check(
+            c.fedavg_clients_per_round <= len(c.participants()),
+            "fedavg_clients_per_round",
+            c.fedavg_clients_per_round,
+            f"more than the {len(c.participants())} clients taking part",
+        )
+    check_all(c, ("fedavg_lr_d", "fedavg_lr_g", "fedavg_clip"), lambda v: v > 0, "must be > 0")
+    check_all(c, ("fedavg_noise_multiplier",), lambda v: v >= 0, "must be >= 0")

@@ -1,0 +1,101 @@
+"""GS-WGAN as the shells see it (``common/methods/protocol.py``'s ``Method``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..base import MethodBase, or_error
+from ..protocol import ClientNode, PriorReleases
+from . import canary, options, privacy
+from .client import answer_queries, answer_query
+from .messages import MESSAGES, GsAnswer, GsQuery
+from .server import GsWganServer
+
+if TYPE_CHECKING:
+    from common.client_state import ClientState
+    from common.methods import ExperimentConfig
+    from common.privacy import NodePolicy
+
+
+class GsWgan(MethodBase):
+    name = "gswgan"
+    options = options.Options
+    messages = MESSAGES
+    step_label = "generator steps"
+    accepts_prior_releases = True  # it reports releases made before the run (the debugging task)
+    supports_dpac = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
+
+    auditable = True
+
+    def canary_score(
+        self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
+    ) -> float:
+        """``fedgan audit``'s canary through this method's own release code (``canary.py``)."""
+        return canary.canary_score(state, cfg, sign, magnitude, releases, policy)
+
+    def validate(self, cfg: ExperimentConfig) -> None:
+        options.validate(cfg)
+
+    def release_noise(self, cfg: ExperimentConfig) -> float:
+        return privacy.release_noise(cfg)
+
+    def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
+        return privacy.nonprivate_options(cfg)
+
+    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+        return privacy.calibrate(cfg, pooled_size=pooled_size)
+
+    def client_critic_lr(self, cfg: ExperimentConfig) -> float | None:
+        """Every client keeps its private D_k (and its Adam) across the run."""
+        return cfg.lr_d
+
+    def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> GsWganServer:
+        return GsWganServer(cfg, num_classes, prior)
+
+    def answer(self, node: ClientNode, request: GsQuery) -> GsAnswer:
+        """Answer one query on this node's client state; the release is charged to the node's ledger
+        and the state written before the reply leaves."""
+        state = node.load_state()
+        before = state.ledger.copy()
+        answer = answer_query(state, node.cfg, request, node.policy)
+        if not answer.refused:
+            node.record_release(state, before)
+        return answer
+
+    def answer_many(self, nodes: list[ClientNode], requests: list[GsQuery]) -> list[Any]:
+        """One step's queries to several nodes of this process: answered together by
+        ``answer_queries`` (their critic phases stacked) when they run one configuration that
+        allows it, else one by one; then each node records its own release. A node whose own state
+        or data breaks its answer fails alone; an error outside any one client fails every node of
+        the stacked phase, with its cause."""
+        cfgs = [node.cfg for node in nodes]
+        states = [or_error(node.load_state) for node in nodes]
+        ok = [i for i, state in enumerate(states) if not isinstance(state, Exception)]
+        if len(ok) < 2 or not cfgs[ok[0]].stack_clients or any(cfgs[i] != cfgs[ok[0]] for i in ok):
+            return super().answer_many(nodes, requests)
+        before = {i: states[i].ledger.copy() for i in ok}
+        try:
+            answers = answer_queries(
+                [states[i] for i in ok], cfgs[ok[0]], [requests[i] for i in ok], [nodes[i].policy for i in ok]
+            )
+        except Exception as err:  # noqa: BLE001 - every node of the stacked phase fails with its cause
+            answers = [err] * len(ok)
+        out: list[Any] = list(states)  # the errors of the nodes whose state could not be read
+        for i, answer in zip(ok, answers, strict=True):
+            out[i] = _recorded(nodes[i], states[i], before[i], answer)
+        return out
+
+
+def _recorded(node: ClientNode, state: Any, before: Any, answer: GsAnswer | Exception) -> GsAnswer | Exception:
+    """``answer`` once its release is charged and its state written, or the error that failed it."""
+    if isinstance(answer, Exception):
+        return answer
+    try:
+        if not answer.refused:
+            node.record_release(state, before)
+    except Exception as err:  # noqa: BLE001 - this node fails, the others go on
+        return err
+    return answer
+
+
+METHOD = GsWgan()
