@@ -21,10 +21,12 @@ import numpy as np
 
 from .analysis import ORDERS, check_delta, epsilon_from_rdp, prv_epsilon_with_reason, unit_rdp
 from .events import PrivacyEvent
+from .skellam import skellam_rdp
 
 ACCOUNTANTS = ("rdp", "prv")
-LEDGER_FORMAT = "fedgan.privacy_ledger/2"
-_FORMATS = (LEDGER_FORMAT, "fedgan.privacy_ledger/1")  # format 1: events without sampling/void fields
+LEDGER_FORMAT = "fedgan.privacy_ledger/3"
+# format 1: events without sampling/void fields; format 2: Gaussian events only (no Skellam fields)
+_FORMATS = (LEDGER_FORMAT, "fedgan.privacy_ledger/2", "fedgan.privacy_ledger/1")
 
 
 def _merged(history: list[PrivacyEvent], event: PrivacyEvent) -> list[PrivacyEvent]:
@@ -44,10 +46,17 @@ def _check_adjacency(history: list[PrivacyEvent]) -> None:
         )
 
 
+def event_rdp(e: PrivacyEvent) -> np.ndarray:
+    """The RDP curve of one run of ``e``'s mechanism at ``ORDERS``."""
+    if e.noise == "skellam":
+        return skellam_rdp(ORDERS, mu=e.skellam_mu, l1=e.l1, l2=e.l2)
+    return unit_rdp(e.noise_multiplier, e.sample_rate, e.sampling, ORDERS)
+
+
 def _curve(history: Iterable[PrivacyEvent]) -> np.ndarray:
     total = np.zeros(len(ORDERS))
     for e in history:
-        total = total + e.count * unit_rdp(e.noise_multiplier, e.sample_rate, e.sampling, ORDERS)
+        total = total + e.count * event_rdp(e)
     return total
 
 
@@ -115,6 +124,8 @@ class PrivacyLedger:
             return math.inf, None
         if any(e.sampling == "wor" for e in self._history):
             return None, "PRV has no bound for sampling without replacement; use the RDP value"
+        if any(e.noise == "skellam" for e in self._history):
+            return None, "PRV has no Skellam mechanism; use the RDP value"
         return prv_epsilon_with_reason([e.astuple() for e in self._history], delta=delta)
 
     def epsilon(self, *, delta: float, accountant: str = "rdp") -> float | None:

@@ -80,7 +80,7 @@ def test_format_1_ledgers_still_load() -> None:
     }
     ledger = PrivacyLedger.from_state_dict(old)
     assert [e.sampling for e in ledger.history] == ["none", "poisson"] and ledger.queries == 8
-    assert ledger.state_dict()["format"] == "fedgan.privacy_ledger/2"
+    assert ledger.state_dict()["format"] == "fedgan.privacy_ledger/3"
 
 
 def test_void_releases_make_epsilon_unbounded_with_the_reason() -> None:
