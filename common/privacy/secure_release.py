@@ -1,0 +1,118 @@
+"""A release through a secure sum: what a client sends (integers mod 2^b) and what it costs.
+
+The plan (``SecureSumPlan``) fixes, for one kind of release, everything the clients and the server
+must agree on: the vector's dimension d and clip bound C, the granularity γ = C / 2^k, the rounding
+bound and hence the sensitivities, the cohort size c and reconstruction threshold t, the aggregate
+Skellam noise μ and each client's share μ/t, and the modulus bits b. ``encode`` is the client's side
+(clip, scale, conditionally round, add its share, reduce mod 2^b), ``decode`` the server's (lift the
+revealed sum to signed integers, scale back). Every survivor set of at least t clients carries at
+least Sk(μ): the figure against a server that runs the protocol (``protocol_event``); against one
+that deviates and reads a client's own vector, only its share protects it (``own_event``). Both
+are recorded, each in its own ledger (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import PrivacyEvent
+from .ledger import PrivacyLedger
+from .skellam import conditional_round, modulus_bits, rounded_norm_bound, sensitivities, skellam_share
+
+GRANULARITY_BITS = 14  # C / γ = 2^14: the rounding adds ~√d/2 to a norm of 16,384 (0.3% at d = 10⁴)
+ROUNDING_BETA = 1e-9  # the chance a rounding draw must be redrawn, in the norm bound
+
+
+@dataclass(frozen=True)
+class SecureSumPlan:
+    dim: int
+    clip: float
+    cohort: int
+    threshold: int
+    mu: float  # Sk(μ) per coordinate of a sum of t shares
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.threshold <= self.cohort:
+            raise ValueError(f"the threshold must be in [1, cohort={self.cohort}], got {self.threshold}")
+        if not (self.mu > 0 and self.clip > 0 and self.dim > 0):
+            raise ValueError("a secure-sum plan needs mu, clip and dim > 0")
+
+    @property
+    def gamma(self) -> float:
+        return self.clip / 2**GRANULARITY_BITS
+
+    @property
+    def bound(self) -> float:
+        """The norm of every rounded client vector (its sensitivity, before replace-one doubling)."""
+        return rounded_norm_bound(self.clip, self.gamma, self.dim, ROUNDING_BETA)
+
+    @property
+    def mu_share(self) -> float:
+        return self.mu / self.threshold
+
+    @property
+    def bits(self) -> int:
+        return min(
+            62, modulus_bits(clients=self.cohort, bound=self.bound, mu_total=self.mu * self.cohort / self.threshold)
+        )
+
+    def protocol_event(self, count: int = 1) -> PrivacyEvent:
+        """What one release costs a client against a server that runs the protocol: it sees sums of
+        ≥ t clients, each carrying at least Sk(μ)."""
+        l1, l2 = sensitivities(self.bound, self.dim)
+        return PrivacyEvent.skellam(mu=self.mu, l1=l1, l2=l2, count=count)
+
+    def own_event(self, count: int = 1) -> PrivacyEvent:
+        """What it costs against a server that deviates and reads the client's own vector."""
+        l1, l2 = sensitivities(self.bound, self.dim)
+        return PrivacyEvent.skellam(mu=self.mu_share, l1=l1, l2=l2, count=count)
+
+
+def plan_for(
+    *, dim: int, clip: float, cohort: int, threshold: int, target_epsilon: float, releases: int, delta: float
+) -> SecureSumPlan:
+    """The plan whose μ is the smallest that keeps ``releases`` protocol events within the target."""
+
+    bound = SecureSumPlan(dim, clip, cohort, threshold, 1.0).bound
+    _, l2 = sensitivities(bound, dim)
+
+    def eps(noise_multiplier: float) -> float:  # in Gaussian-equivalent units: μ = (σ Δ₂)² / 2
+        p = SecureSumPlan(dim, clip, cohort, threshold, (noise_multiplier * l2) ** 2 / 2)
+        return PrivacyLedger([p.protocol_event(releases)]).epsilon(delta=delta)
+
+    low, high = 1e-3, 1e4
+    if eps(high) > target_epsilon:
+        raise ValueError(f"target ε={target_epsilon} is out of reach for a secure sum of this size")
+    while high - low > 1e-4 * high:  # the smallest noise within the target, by bisection on a log scale
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if eps(mid) <= target_epsilon else (mid, high)
+    return SecureSumPlan(dim, clip, cohort, threshold, (high * l2) ** 2 / 2)
+
+
+def encode(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.ndarray:
+    """The client's vector for the secure sum: ``x`` clipped to C, scaled by 1/γ, conditionally
+    rounded to norm ≤ ``plan.bound``, plus its Sk(μ/t) share, mod 2^b (uint64 values < 2^b)."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if x.shape[0] != plan.dim:
+        raise ValueError(f"a vector of {x.shape[0]} coordinates for a plan of {plan.dim}")
+    norm = float(np.linalg.norm(x))
+    clipped = x * min(1.0, plan.clip / norm) if norm > 0 else x
+    rounded = conditional_round(clipped / plan.gamma, plan.bound, rng)
+    noisy = rounded + skellam_share(plan.dim, plan.mu_share, rng)
+    return np.mod(noisy, 2**plan.bits).astype(np.uint64)
+
+
+def decode(total: np.ndarray, plan: SecureSumPlan) -> np.ndarray:
+    """The revealed sum mod 2^b lifted to signed integers (the centred representatives) and scaled back."""
+    modulus = 2**plan.bits
+    lifted = np.asarray(total, dtype=np.int64) % modulus
+    lifted = np.where(lifted >= modulus // 2, lifted - modulus, lifted)
+    return lifted.astype(np.float64) * plan.gamma
+
+
+def noise_std(plan: SecureSumPlan, survivors: int) -> float:
+    """The std of each coordinate of a decoded sum of ``survivors`` ≥ t clients, in the vectors' units."""
+    return plan.gamma * math.sqrt(2 * plan.mu_share * survivors)
