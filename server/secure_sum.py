@@ -209,11 +209,16 @@ def _round(
 
 
 def _keep_neighbourhoods(run: _Run, stage: str) -> None:
-    """Drop the nodes with fewer than t - 1 neighbours left (their secrets could not be rebuilt, and
-    they would refuse), until none is left; then abort if fewer than t nodes are."""
+    """Abort if fewer than t nodes are left; else drop the nodes with fewer than t - 1 neighbours
+    left (their secrets could not be rebuilt, and they would refuse), until none is, and check again."""
+    _enough_left(run, stage)
     while short := [u for u in run.active if len(run.graph[u] & run.active) + 1 < run.threshold]:
         for u in short:
             run.drop(u, stage, f"fewer than {run.threshold} of its neighbourhood left")
+    _enough_left(run, stage)
+
+
+def _enough_left(run: _Run, stage: str) -> None:
     if len(run.active) < run.threshold:
         raise Aborted(f"after round {stage!r} only {len(run.active)} nodes are left, below threshold {run.threshold}")
 
