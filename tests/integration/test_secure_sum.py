@@ -229,3 +229,26 @@ def test_a_node_refuses_what_no_honest_server_would_ask() -> None:
     assert run(transport, nodes, vectors, threshold=6, session="once").revealed
     again = secure_sum(transport, nodes, bound=BOUND, length=3, threshold=6, session="once")
     assert not again.revealed and all("no input was deposited" in why for why in again.dropouts.values())
+
+
+def test_a_node_will_not_unmask_for_a_server_that_calls_survivors_dropped() -> None:
+    """A server deviating in the last round (every survivor listed as dropped, to get the mask keys
+    of nodes whose masked inputs it holds) is refused by every node: fewer than t inputs of its
+    neighbourhood would be in the sum."""
+    from common.secagg_messages import Unmask
+
+    transport, nodes = cohort(4)
+    honest = transport.exchange
+
+    def deviating(outgoing, **kwargs):
+        if outgoing[0].message_type == UNMASK:
+            for o in outgoing:
+                ask = wire.decode(Unmask, o.content)
+                both = np.concatenate([ask.survivors, ask.dropped])
+                o.content = wire.encode(Unmask(ask.session, ask.survivors[:0], both))
+        return honest(outgoing, **kwargs)
+
+    transport.exchange = deviating
+    result = run(transport, nodes, inputs(nodes, 5), threshold=3)
+    assert not result.revealed and set(result.dropouts) == set(nodes)
+    assert all("only 1 inputs of this neighbourhood are in the sum" in why for why in result.dropouts.values())
