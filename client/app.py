@@ -4,10 +4,11 @@
 which the node keeps in ``context.state`` so that the per-step messages stay small; it answers with
 the node's client id and its ledger. ``query.ledger`` returns the client's own ledger (what it has
 spent); ``query.accuracy`` is the debugging task's selection release; ``query.dataplane`` starts
-the node's data-plane worker. Every method's own messages (``train.<method>``) go to one generic
-handler, ``handle_step``: it decodes the request, checks the node's policy, answers a refusal the
-one way every node refuses (``common/methods/protocol.py``'s ``refusal``), and otherwise hands the
-request to the method (``Method.answer``), which charges the node's ledger before the reply leaves.
+the node's data-plane worker; ``query.secagg_*`` are the rounds of a secure sum (``secure_sum.py``).
+Every method's own messages (``train.<method>``) go to one generic handler, ``handle_step``: it
+decodes the request, checks the node's policy, answers a refusal the one way every node refuses
+(``common/methods/protocol.py``'s ``refusal``), and otherwise hands the request to the method
+(``Method.answer``), which charges the node's ledger before the reply leaves.
 
 The server is not trusted with the node's privacy: the node checks the run's configuration against
 its own policy (``client/node.py``) at the hello and again before every release, and refuses,
@@ -46,6 +47,7 @@ from protos import wire
 
 from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal, use_client_threads
 from .quiet import quiet_known_notices
+from .secure_sum import HANDLERS as SECURE_SUM_HANDLERS
 
 quiet_known_notices()  # this process may be a Ray actor: it prints Flower's shutdown notice
 
@@ -231,6 +233,7 @@ SHARED_HANDLERS: dict[str, Handler] = {
     LEDGER: handle_ledger,
     ACCURACY: handle_accuracy,
     DATAPLANE: handle_dataplane,
+    **SECURE_SUM_HANDLERS,  # query.secagg_*: the four rounds of a secure sum (client/secure_sum.py)
 }
 
 

@@ -7,8 +7,9 @@ batch size it asked for, the client's configuration) defines ``decoded(**expect)
 validated and in plain arrays; whoever holds that context calls it (``wire.decode(cls, content,
 **expect)``), so what reaches a model has been validated at the boundary.
 
-Shared messages are defined here; each method's own messages live in its folder
-(``common/methods/<name>/messages.py``), and the registry's ``catalogue`` lists them all.
+Shared messages are defined here (the secure sum's four rounds in ``common/secagg_messages.py``);
+each method's own messages live in its folder (``common/methods/<name>/messages.py``), and the
+registry's ``catalogue`` lists them all.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from common.secagg_messages import SECAGG
 
 StateDict = dict[str, torch.Tensor]  # travels as its own ArrayRecord (Flower's torch serialization)
 Stats = dict[str, float]  # travels as its own ConfigRecord, left out when empty
@@ -104,4 +107,5 @@ SHARED = {
     LEDGER: (LedgerQuery, LedgerReply),
     DATAPLANE: (DataplaneStart, DataplaneReply),
     ACCURACY: (AccuracyQuery, AccuracyReply),
+    **SECAGG,  # the secure sum's four rounds (common/secagg_messages.py)
 }

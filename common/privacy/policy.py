@@ -12,11 +12,16 @@ are used. A node pins these itself, in its node config or a policy file on its o
                                  # DP-SGD batches: debugging only, and then ε is unbounded
     trust-server = false         # send updates the server noises (Fed-Avg GAN's raw deltas: ε
                                  # unbounded against the server, user-level DP only if it is honest)
+    min-secagg-cohort = 3        # take part in a secure sum only over at least this many nodes
+    min-secagg-threshold = 2     # ... and only if its secrets need at least this many holders (the
+                                 # fewest inputs a revealed sum can hold); the protocol itself also
+                                 # demands a strict majority of each neighbourhood (common/secagg.py)
 
 Sources, exactly one: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``), or a
 TOML file named by node-config ``privacy-policy``, or one named by the environment variable
 ``FEDGAN_NODE_POLICY`` (how ``fedgan simulate --node-policy`` reaches simulated nodes); none of them:
-the defaults above (no minimum, no budget, δ = 1e-5, nothing non-private). Two sources at once (an
+the defaults above (no minimum noise, no budget, δ = 1e-5, nothing non-private, secure sums over
+at least 3 nodes with threshold at least 2). Two sources at once (an
 inline key beside a file, two different files), a key outside the file's ``[policy]`` table beside
 it, or a ``policy`` that is not a table are errors, never one source silently winning. A policy
 that cannot be read or is invalid makes the node refuse everything, naming the cause (fail closed).
@@ -36,6 +41,10 @@ POLICY_ENV = "FEDGAN_NODE_POLICY"
 POLICY_FILE_KEY = "privacy-policy"
 NODE_CONFIG_PREFIX = "privacy-"
 DEFAULT_DELTA = 1e-5
+# A sum over fewer nodes is no aggregate worth the name (two: either one learns the other's input);
+# a threshold of 1 would let any single holder rebuild a node's secrets. A node's policy may raise both.
+DEFAULT_MIN_SECAGG_COHORT = 3
+DEFAULT_MIN_SECAGG_THRESHOLD = 2
 
 
 class PolicyError(ValueError):
@@ -49,6 +58,8 @@ class NodePolicy:
     delta: float = DEFAULT_DELTA
     allow_nonprivate: bool = False
     trust_server: bool = False
+    min_secagg_cohort: int = DEFAULT_MIN_SECAGG_COHORT
+    min_secagg_threshold: int = DEFAULT_MIN_SECAGG_THRESHOLD
     source: str = "default policy"
     # The node's own ledger of every release (``node_ledger.py``), attached by the node before a
     # release: its max-epsilon is checked there. None: the run's ledger stands in (a bare policy).
@@ -65,6 +76,9 @@ class NodePolicy:
         _require(0 < self.delta < 1, self, "delta", "must be in (0, 1)")
         _require(isinstance(self.allow_nonprivate, bool), self, "allow-nonprivate", "must be true or false")
         _require(isinstance(self.trust_server, bool), self, "trust-server", "must be true or false")
+        for key in ("min-secagg-cohort", "min-secagg-threshold"):
+            value = getattr(self, key.replace("-", "_"))
+            _require(type(value) is int and value >= 2, self, key, "must be an integer >= 2")
 
     # --- what the node enforces ---------------------------------------------------------------
     def budgets(self, cfg: Any) -> list[tuple[float, float]]:
@@ -115,6 +129,17 @@ class NodePolicy:
                 f"{option} is not allowed by the node (allow-nonprivate = false)"
                 for option in nonprivate_options(cfg, terms)
             ]
+        return out
+
+    def secagg_violations(self, *, cohort: int, threshold: int) -> list[str]:
+        """Why this node refuses a secure sum over ``cohort`` nodes with reconstruction ``threshold``
+        (empty: it takes part): a server cannot talk it into a smaller cohort or a lower threshold."""
+        out = []
+        if cohort < self.min_secagg_cohort:
+            out.append(f"a secure sum over {cohort} nodes is below the node's minimum cohort {self.min_secagg_cohort}")
+        if threshold < self.min_secagg_threshold:
+            minimum = self.min_secagg_threshold
+            out.append(f"a secure-sum threshold of {threshold} is below the node's minimum threshold {minimum}")
         return out
 
     def release_refusal(self, ledger: Any, event: Any, cfg: Any, what: str) -> str:
@@ -180,10 +205,21 @@ def policy_from_mapping(values: Mapping[str, Any], *, source: str) -> NodePolicy
             value = value.lower() == "true"
         elif kind in ("bool", bool) and not isinstance(value, bool):
             raise PolicyError(f"{source}: {key} must be true or false, got {value!r}")
+        elif kind in ("int", int):
+            value = _integer(value, key, source)
         elif kind in ("float", float) and not isinstance(value, float):
             raise PolicyError(f"{source}: {key} must be a number, got {value!r}")
         kwargs[_KEYS[key].name] = value
     return NodePolicy(**kwargs, source=source)
+
+
+def _integer(value: Any, key: str, source: str) -> int:
+    """An integer key's value: an int, or a node config's quoted digits ("5"); nothing else."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if type(value) is not int:
+        raise PolicyError(f"{source}: {key} must be an integer, got {value!r}")
+    return value
 
 
 def policy_from_file(path: str | Path) -> NodePolicy:

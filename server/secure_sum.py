@@ -1,0 +1,352 @@
+"""The server's side of a secure sum (SecAgg+, Bell et al. 2020) over any transport.
+
+``secure_sum(transport, nodes, ...)`` drives the four rounds (``client/secure_sum.py`` answers them)
+through ``Transport.exchange``, so it runs unchanged in-process, under Flower's simulation, over
+the data plane or a deployment. The server only ever holds public keys, ciphertexts it cannot read,
+masked vectors (each uniform mod 2^b) and, at the end, t shares of exactly the secrets that remove
+the masks of the inputs in the sum: the sum is all it learns. Nodes that fail, time out, refuse or
+answer malformed are dropouts; dropouts after their keys were shared are recovered exactly from t
+shares; fewer than t inputs, or a secret with fewer than t shares, abort the sum (nothing is
+unmasked). An unmasked sum outside ±n·bound (n inputs) betrays an input outside its range: rejected.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+
+from common.codec import PayloadError
+from common.secagg import (
+    PRIVATE_KEY_BYTES,
+    SEED_BYTES,
+    SecAggError,
+    complete_degree,
+    decode_signed,
+    modulus_mask,
+    neighbourhoods,
+    new_session,
+    node_ids,
+    pack_bytes,
+    pair_mask,
+    pairwise_sign,
+    parameter_problems,
+    private_key_from,
+    public_key_from,
+    required_bits,
+    self_mask,
+    session_problem,
+    unpack_bytes,
+)
+from common.secagg_messages import (
+    ADVERTISE,
+    MASK,
+    SHARE,
+    UNMASK,
+    AdvertiseKeys,
+    AdvertiseReply,
+    MaskedInput,
+    MaskInput,
+    ShareKeys,
+    ShareReply,
+    Unmask,
+    UnmaskReply,
+)
+from protos import wire
+
+from .session import Transport, exchange_in_chunks
+from .strategy import Outgoing
+
+STAGES = ("advertise", "share", "mask", "unmask")
+
+
+class Aborted(Exception):
+    """The sum cannot be revealed; the message says why (nothing is unmasked)."""
+
+
+@dataclass
+class SecureSumResult:
+    """A secure sum's outcome: the sum (None when aborted, with the reason), who is in it, who
+    dropped at which round and why, and what each round cost."""
+
+    session: str
+    cohort: list[int]
+    threshold: int
+    degree: int
+    bits: int
+    bound: int
+    sum: np.ndarray | None = None  # int64: the signed sum of the survivors' inputs
+    sum_mod: np.ndarray | None = None  # uint64: the same sum's residues mod 2^bits
+    survivors: list[int] = field(default_factory=list)  # the nodes whose inputs are in the sum
+    dropouts: dict[int, str] = field(default_factory=dict)  # node -> "round: why"
+    aborted: str = ""
+    bytes_by_stage: dict[str, dict[str, int]] = field(default_factory=dict)  # round -> down, up (all nodes)
+    seconds_by_stage: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def revealed(self) -> bool:
+        return self.sum is not None
+
+    def bytes_per_client(self) -> float:
+        """Bytes down plus up per member of the cohort, over every round."""
+        total = sum(s["down"] + s["up"] for s in self.bytes_by_stage.values())
+        return total / max(1, len(self.cohort))
+
+
+@dataclass
+class _Run:
+    """What the server knows as the rounds go."""
+
+    result: SecureSumResult
+    params: dict[str, int]  # what AdvertiseKeys declares: cohort, threshold, degree, bits, bound, length
+    graph: dict[int, set[int]]
+    timeout_s: float | None
+    active: set[int] = field(default_factory=set)
+    mask_keys: dict[int, bytes] = field(default_factory=dict)
+    cipher_keys: dict[int, bytes] = field(default_factory=dict)
+    inbox: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)  # recipient -> (sender, token)
+    partners: dict[int, list[int]] = field(default_factory=dict)  # node -> the senders it masked with
+    total: np.ndarray | None = None  # Σ masked inputs, uint64
+
+    @property
+    def length(self) -> int:
+        return self.params["length"]
+
+    @property
+    def session(self) -> str:
+        return self.result.session
+
+    @property
+    def threshold(self) -> int:
+        return self.result.threshold
+
+    def drop(self, node: int, stage: str, why: str) -> None:
+        self.active.discard(node)
+        self.result.dropouts.setdefault(node, f"{stage}: {why}")
+
+
+def secure_sum(
+    transport: Transport,
+    nodes: list[int],
+    *,
+    bound: int,
+    length: int,
+    threshold: int,
+    degree: int | None = None,
+    bits: int | None = None,
+    session: str | None = None,
+    timeout_s: float | None = None,
+    rng: secrets.SystemRandom | None = None,
+) -> SecureSumResult:
+    """The sum of the integer vectors (``length`` coordinates in [-bound, bound]) that ``nodes`` hold
+    for ``session`` (deposited on each node, ``client.secure_sum.deposit_input``), mod 2^bits.
+
+    ``degree``: neighbours per node (default: the complete graph; ``common.secagg.sparse_degree``
+    for Bell et al.'s k ≈ 2 log2 c); ``threshold``: shares that rebuild a secret, a strict majority
+    of degree + 1, and the fewest inputs a revealed sum may hold; ``bits``: default
+    ``required_bits(c, bound)``. Raises SecAggError for parameters no node would accept."""
+    cohort = sorted(set(nodes))
+    degree = complete_degree(len(cohort)) if degree is None else degree
+    bits = required_bits(len(cohort), bound) if bits is None else bits
+    session = new_session() if session is None else session
+    params = dict(cohort=len(cohort), threshold=threshold, degree=degree, bits=bits, bound=bound, length=length)
+    problems = parameter_problems(**params) + ([session_problem(session)] if session_problem(session) else [])
+    if problems:
+        raise SecAggError("; ".join(problems))
+    result = SecureSumResult(session, cohort, threshold, degree, bits, bound)
+    run = _Run(result, params, neighbourhoods(cohort, degree, rng), timeout_s, active=set(cohort))
+    try:
+        for stage in (_advertise, _share, _mask, _unmask):
+            stage(transport, run)
+    except Aborted as why:
+        result.sum = result.sum_mod = None
+        result.aborted = str(why)
+    return result
+
+
+# --- one round ------------------------------------------------------------------------------------
+def _round(
+    transport: Transport,
+    run: _Run,
+    stage: str,
+    payloads: dict[int, Any],
+    reply_cls: type,
+    expect: Callable[[int], dict[str, Any]],
+) -> dict[int, Any]:
+    """Send each node its payload; the well-formed, consenting replies by node. Every other node
+    (no reply, an error, a refusal, a malformed reply) is a dropout of this round, with why."""
+    message_type = {"advertise": ADVERTISE, "share": SHARE, "mask": MASK, "unmask": UNMASK}[stage]
+    outgoing = [Outgoing(n, message_type, wire.encode(p)) for n, p in payloads.items()]
+    start = time.perf_counter()
+    kwargs = {} if run.timeout_s is None else {"timeout_s": run.timeout_s}
+    exchange = exchange_in_chunks(transport, outgoing, **kwargs)
+    run.result.seconds_by_stage[stage] = time.perf_counter() - start
+    down, up = exchange.totals()
+    run.result.bytes_by_stage[stage] = {"down": down, "up": up}
+    replies = {}
+    for incoming in exchange.replies:
+        node = incoming.node_id
+        if incoming.content is None:
+            run.drop(node, stage, incoming.error or "no reply")
+            continue
+        try:
+            reply = wire.decode(reply_cls, incoming.content).decoded(**expect(node))
+        except PayloadError as err:
+            run.drop(node, stage, f"malformed reply: {err}")
+            continue
+        if reply.refused:
+            run.drop(node, stage, reply.reason or "refused")
+        else:
+            replies[node] = reply
+    run.active &= set(replies)
+    return replies
+
+
+def _keep_neighbourhoods(run: _Run, stage: str) -> None:
+    """Abort if fewer than t nodes are left; else drop the nodes with fewer than t - 1 neighbours
+    left (their secrets could not be rebuilt, and they would refuse), until none is, and check again."""
+    _enough_left(run, stage)
+    while short := [u for u in run.active if len(run.graph[u] & run.active) + 1 < run.threshold]:
+        for u in short:
+            run.drop(u, stage, f"fewer than {run.threshold} of its neighbourhood left")
+    _enough_left(run, stage)
+
+
+def _enough_left(run: _Run, stage: str) -> None:
+    if len(run.active) < run.threshold:
+        raise Aborted(f"after round {stage!r} only {len(run.active)} nodes are left, below threshold {run.threshold}")
+
+
+# --- the four rounds ------------------------------------------------------------------------------
+def _advertise(transport: Transport, run: _Run) -> None:
+    request = AdvertiseKeys(session=run.session, **run.params)
+    replies = _round(transport, run, "advertise", dict.fromkeys(run.active, request), AdvertiseReply, lambda n: {})
+    for node, reply in replies.items():
+        run.mask_keys[node], run.cipher_keys[node] = reply.mask_key.tobytes(), reply.cipher_key.tobytes()
+    _keep_neighbourhoods(run, "advertise")
+
+
+def _share(transport: Transport, run: _Run) -> None:
+    neighbours = {u: sorted(run.graph[u] & run.active) for u in run.active}
+    payloads = {u: _share_keys(run, ns) for u, ns in neighbours.items()}
+    replies = _round(transport, run, "share", payloads, ShareReply, lambda u: {"neighbours": set(neighbours[u])})
+    _keep_neighbourhoods(run, "share")
+    run.inbox = {v: [] for v in run.active}
+    for sender in sorted(run.active):
+        reply = replies[sender]
+        tokens = unpack_bytes(reply.ciphertexts, reply.lengths)
+        for recipient, token in zip(reply.recipients.tolist(), tokens, strict=True):
+            if recipient in run.active:  # a pair of nodes that both shared: each masks with the other
+                run.inbox[recipient].append((sender, token))
+
+
+def _share_keys(run: _Run, neighbours: list[int]) -> ShareKeys:
+    def table(keys: dict[int, bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(keys[n] for n in neighbours), np.uint8).reshape(len(neighbours), -1)
+
+    return ShareKeys(run.session, node_ids(neighbours), table(run.mask_keys), table(run.cipher_keys))
+
+
+def _mask(transport: Transport, run: _Run) -> None:
+    payloads = {}
+    for v in run.active:
+        run.partners[v] = [u for u, _ in run.inbox[v]]
+        flat, lengths = pack_bytes([token for _, token in run.inbox[v]])
+        payloads[v] = MaskInput(run.session, node_ids(run.partners[v]), flat, lengths)
+    expect = {"length": run.length, "bits": run.result.bits}
+    replies = _round(transport, run, "mask", payloads, MaskedInput, lambda v: expect)
+    if len(replies) < run.threshold:
+        raise Aborted(
+            f"only {len(replies)} masked inputs arrived, below threshold {run.threshold}: nothing is unmasked"
+        )
+    run.total = np.zeros(run.length, np.uint64)
+    for reply in replies.values():
+        run.total += reply.masked.astype(np.uint64)  # wraps mod 2^64, a multiple of 2^bits
+    run.result.survivors = sorted(replies)
+    for v in run.result.survivors:  # every input's self mask needs t holders still in
+        holders = 1 + len(set(run.partners[v]) & run.active)
+        if holders < run.threshold:
+            raise Aborted(f"the input of node {v} has {holders} holders left, below threshold {run.threshold}")
+
+
+def _unmask(transport: Transport, run: _Run) -> None:
+    survivors = set(run.result.survivors)
+    lists = {v: (sorted(set(run.partners[v]) & survivors), sorted(set(run.partners[v]) - survivors)) for v in survivors}
+    payloads = {v: Unmask(run.session, node_ids(alive), node_ids(gone)) for v, (alive, gone) in lists.items()}
+
+    def expect(v: int) -> dict[str, set[int]]:
+        return {"seed_owners": {v, *lists[v][0]}, "key_owners": set(lists[v][1])}
+
+    replies = _round(transport, run, "unmask", payloads, UnmaskReply, expect)
+    seed_shares, key_shares = _collect_shares(replies)
+    total = run.total
+    for u in sorted(survivors):
+        seed = _rebuild(seed_shares.get(u, []), run.threshold, f"the self-mask seed of node {u}", SEED_BYTES)
+        total = total - self_mask(seed, run.length, run.result.bits, session=run.session)
+    for u in sorted({u for alive, gone in lists.values() for u in gone}):
+        total = _remove_pair_masks(run, total, u, key_shares.get(u, []), survivors)
+    _reveal(run, total & modulus_mask(run.result.bits))
+
+
+def _collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[bytes]], dict[int, list[bytes]]]:
+    """owner -> the shares of its seed, and of its mask key, that the holders sent."""
+    seeds: dict[int, list[bytes]] = {}
+    keys: dict[int, list[bytes]] = {}
+    for reply in replies.values():
+        for owner, row in zip(reply.seed_owners.tolist(), reply.seed_shares, strict=True):
+            seeds.setdefault(owner, []).append(row.tobytes())
+        for owner, row in zip(reply.key_owners.tolist(), reply.key_shares, strict=True):
+            keys.setdefault(owner, []).append(row.tobytes())
+    return seeds, keys
+
+
+def _rebuild(shares: list[bytes], threshold: int, what: str, size: int) -> bytes:
+    """The ``size``-byte secret ``shares`` rebuild (Flower's Shamir, from exactly t of them);
+    Aborted if fewer, or if they rebuild something else."""
+    if len(shares) < threshold:
+        raise Aborted(f"{what} has {len(shares)} shares, below threshold {threshold}: nothing is unmasked")
+    try:
+        secret = combine_shares(shares[:threshold])
+    except ValueError as err:
+        raise Aborted(f"{what} cannot be rebuilt from its shares ({err})") from err
+    if len(secret) != size:
+        raise Aborted(f"{what} rebuilt to {len(secret)} bytes, not {size}")
+    return secret
+
+
+def _remove_pair_masks(run: _Run, total: np.ndarray, u: int, shares: list[bytes], survivors: set[int]) -> np.ndarray:
+    """``total`` without the masks the survivors share with ``u``, which dropped after sharing: its
+    mask key rebuilt from t shares, each pair's key agreed again with the survivor's public key."""
+    try:
+        mask_sk = private_key_from(
+            _rebuild(shares, run.threshold, f"the mask key of dropped node {u}", PRIVATE_KEY_BYTES)
+        )
+    except SecAggError as err:
+        raise Aborted(f"the mask key of dropped node {u} is not a key: {err}") from err
+    for v in sorted(w for w in survivors if u in run.partners[w]):
+        shared = generate_shared_key(mask_sk, public_key_from(run.mask_keys[v]))
+        mask = pair_mask(shared, run.length, run.result.bits, session=run.session, pair=(u, v))
+        total = total - mask if pairwise_sign(v, u) > 0 else total + mask  # undo what v added
+    return total
+
+
+def _reveal(run: _Run, residues: np.ndarray) -> None:
+    """The sum, unless a coordinate lies outside ±n·bound: no n in-range inputs sum to that, so an
+    input was out of range (a node that skipped its own check) and the sum is rejected."""
+    signed = decode_signed(residues, run.result.bits)
+    limit = len(run.result.survivors) * run.result.bound
+    outside = np.flatnonzero((signed < -limit) | (signed > limit))
+    if outside.size:
+        i = int(outside[0])
+        raise Aborted(
+            f"the unmasked sum is outside ±{limit} (= {len(run.result.survivors)} inputs × range {run.result.bound}) "
+            f"at {outside.size} coordinate(s), e.g. coordinate {i} = {int(signed[i])}: an input was out of range "
+            "(a node that skipped its own check); the sum is rejected"
+        )
+    run.result.sum, run.result.sum_mod = signed, residues
