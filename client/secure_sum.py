@@ -38,6 +38,7 @@ from common.secagg import (
     SEED_BYTES,
     SecAggError,
     encode_inputs,
+    fewest_inputs,
     input_problem,
     mask_dtype,
     modulus_mask,
@@ -96,6 +97,7 @@ class Session:
     bits: int
     bound: int
     length: int
+    min_inputs: int
     mask_sk: bytes
     cipher_sk: bytes
     opened_ns: int = field(default_factory=time.time_ns)
@@ -199,14 +201,15 @@ def _advertise_problem(request: AdvertiseKeys, context: Context) -> str:
         return f"session {request.session} is already open on this node (a session is run once)"
     reasons = parameter_problems(**_parameters(request))
     policy, broken = node_policy(context)
-    own = [broken] if broken else policy.secagg_violations(cohort=request.cohort, threshold=request.threshold)
+    floor = fewest_inputs(request.threshold, request.min_inputs)
+    own = [broken] if broken else policy.secagg_violations(cohort=request.cohort, threshold=floor)
     if own:
         reasons.append("; ".join(own) + f" [{policy.source}]")
     return "; ".join(reasons)
 
 
 def _parameters(request: AdvertiseKeys) -> dict[str, int]:
-    return {k: getattr(request, k) for k in ("cohort", "threshold", "degree", "bits", "bound", "length")}
+    return {k: getattr(request, k) for k in ("cohort", "threshold", "degree", "bits", "bound", "length", "min_inputs")}
 
 
 # --- round 2: share keys --------------------------------------------------------------------------

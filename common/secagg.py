@@ -69,12 +69,21 @@ def sparse_degree(cohort: int) -> int:
     return k if k < cohort - 1 else complete_degree(cohort)
 
 
+def fewest_inputs(threshold: int, min_inputs: int) -> int:
+    """The fewest inputs a revealed sum may hold: ``min_inputs`` when declared (0: the threshold).
+    With the complete graph the two coincide; with a sparse one the threshold is a neighbourhood's,
+    and the floor on the sum (what distributed noise is calibrated for) is declared on its own."""
+    return max(threshold, min_inputs)
+
+
 def majority_threshold(degree: int) -> int:
     """The smallest threshold a node accepts for a neighbourhood of degree + 1 (see ``parameter_problems``)."""
     return (degree + 1) // 2 + 1
 
 
-def parameter_problems(*, cohort: int, threshold: int, degree: int, bits: int, bound: int, length: int) -> list[str]:
+def parameter_problems(
+    *, cohort: int, threshold: int, degree: int, bits: int, bound: int, length: int, min_inputs: int = 0
+) -> list[str]:
     """Why a node will not run a sum with these parameters (empty: it will).
 
     The threshold t must be a strict majority of a neighbourhood (its degree + 1 holders): each
@@ -91,6 +100,8 @@ def parameter_problems(*, cohort: int, threshold: int, degree: int, bits: int, b
             f"threshold {threshold} is not a strict majority of a neighbourhood of {degree + 1} "
             f"(needs {majority_threshold(degree)} to {degree + 1})"
         )
+    if min_inputs and not (threshold <= min_inputs <= cohort):
+        out.append(f"a revealed sum's fewest inputs {min_inputs} must be in [threshold {threshold}, cohort {cohort}]")
     if bound < 1:
         out.append(f"the per-coordinate range {bound} must be >= 1")
     elif not (required_bits(cohort, bound) <= bits <= MAX_BITS):

@@ -38,8 +38,9 @@ def _check(ok: bool, what: str) -> None:
 class AdvertiseKeys:
     """Server -> each member of a cohort: a sum of ``length`` integers in [-bound, bound] over
     ``cohort`` nodes, mod 2^``bits``, neighbourhoods of ``degree`` + 1 (``cohort`` - 1: the complete
-    graph), shares reconstructed from ``threshold`` holders. The node checks all of it against its
-    policy and the protocol's rules before it makes keys."""
+    graph), shares reconstructed from ``threshold`` holders, and no sum revealed of fewer than
+    ``min_inputs`` inputs (0: the threshold). The node checks all of it against its policy and the
+    protocol's rules before it makes keys."""
 
     session: str
     cohort: int
@@ -48,6 +49,7 @@ class AdvertiseKeys:
     bits: int
     bound: int
     length: int
+    min_inputs: int = 0
 
 
 @dataclass

@@ -28,6 +28,7 @@ from common.secagg import (
     SEED_BYTES,
     SecAggError,
     complete_degree,
+    fewest_inputs,
     decode_signed,
     modulus_mask,
     neighbourhoods,
@@ -81,6 +82,7 @@ class SecureSumResult:
     degree: int
     bits: int
     bound: int
+    min_inputs: int = 0  # the fewest inputs a revealed sum holds (0: the threshold)
     sum: np.ndarray | None = None  # int64: the signed sum of the survivors' inputs
     sum_mod: np.ndarray | None = None  # uint64: the same sum's residues mod 2^bits
     survivors: list[int] = field(default_factory=list)  # the nodes whose inputs are in the sum
@@ -126,6 +128,11 @@ class _Run:
     def threshold(self) -> int:
         return self.result.threshold
 
+    @property
+    def floor(self) -> int:
+        """The fewest inputs a revealed sum may hold."""
+        return fewest_inputs(self.result.threshold, self.result.min_inputs)
+
     def drop(self, node: int, stage: str, why: str) -> None:
         self.active.discard(node)
         self.result.dropouts.setdefault(node, f"{stage}: {why}")
@@ -143,6 +150,7 @@ def secure_sum(
     session: str | None = None,
     timeout_s: float | None = None,
     rng: secrets.SystemRandom | None = None,
+    min_inputs: int = 0,
 ) -> SecureSumResult:
     """The sum of the integer vectors (``length`` coordinates in [-bound, bound]) that ``nodes`` hold
     for ``session`` (deposited on each node, ``client.secure_sum.deposit_input``), mod 2^bits.
@@ -150,16 +158,20 @@ def secure_sum(
     ``degree``: neighbours per node (default: the complete graph; ``common.secagg.sparse_degree``
     for Bell et al.'s k ≈ 2 log2 c); ``threshold``: shares that rebuild a secret, a strict majority
     of degree + 1, and the fewest inputs a revealed sum may hold; ``bits``: default
-    ``required_bits(c, bound)``. Raises SecAggError for parameters no node would accept."""
+    ``required_bits(c, bound)``; ``min_inputs``: the fewest inputs a revealed sum may hold when that is
+    more than the threshold (a sparse graph's threshold is a neighbourhood's; distributed noise is
+    calibrated for this floor). Raises SecAggError for parameters no node would accept."""
     cohort = sorted(set(nodes))
     degree = complete_degree(len(cohort)) if degree is None else degree
     bits = required_bits(len(cohort), bound) if bits is None else bits
     session = new_session() if session is None else session
-    params = dict(cohort=len(cohort), threshold=threshold, degree=degree, bits=bits, bound=bound, length=length)
+    params = dict(
+        cohort=len(cohort), threshold=threshold, degree=degree, bits=bits, bound=bound, length=length, min_inputs=min_inputs
+    )
     problems = parameter_problems(**params) + ([session_problem(session)] if session_problem(session) else [])
     if problems:
         raise SecAggError("; ".join(problems))
-    result = SecureSumResult(session, cohort, threshold, degree, bits, bound)
+    result = SecureSumResult(session, cohort, threshold, degree, bits, bound, min_inputs)
     run = _Run(result, params, neighbourhoods(cohort, degree, rng), timeout_s, active=set(cohort))
     try:
         for stage in (_advertise, _share, _mask, _unmask):
@@ -219,8 +231,8 @@ def _keep_neighbourhoods(run: _Run, stage: str) -> None:
 
 
 def _enough_left(run: _Run, stage: str) -> None:
-    if len(run.active) < run.threshold:
-        raise Aborted(f"after round {stage!r} only {len(run.active)} nodes are left, below threshold {run.threshold}")
+    if len(run.active) < run.floor:
+        raise Aborted(f"after round {stage!r} only {len(run.active)} nodes are left, below the floor {run.floor}")
 
 
 # --- the four rounds ------------------------------------------------------------------------------
@@ -261,10 +273,8 @@ def _mask(transport: Transport, run: _Run) -> None:
         payloads[v] = MaskInput(run.session, node_ids(run.partners[v]), flat, lengths)
     expect = {"length": run.length, "bits": run.result.bits}
     replies = _round(transport, run, "mask", payloads, MaskedInput, lambda v: expect)
-    if len(replies) < run.threshold:
-        raise Aborted(
-            f"only {len(replies)} masked inputs arrived, below threshold {run.threshold}: nothing is unmasked"
-        )
+    if len(replies) < run.floor:
+        raise Aborted(f"only {len(replies)} masked inputs arrived, below the floor {run.floor}: nothing is unmasked")
     run.total = np.zeros(run.length, np.uint64)
     for reply in replies.values():
         run.total += reply.masked.astype(np.uint64)  # wraps mod 2^64, a multiple of 2^bits

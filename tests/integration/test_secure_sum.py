@@ -4,6 +4,8 @@ transport reports them as failed, as it would a crashed node); nothing is mocked
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -135,7 +137,7 @@ def test_c_minus_t_dropouts_at_any_round_give_the_exact_sum_and_one_more_aborts(
         assert set(result.dropouts) == crashed and all(stage in why for why in result.dropouts.values())
         if not revealed:
             assert result.sum is None and result.sum_mod is None
-            assert "below threshold 6" in result.aborted, result.aborted
+            assert re.search(r"below (the floor|threshold) 6", result.aborted), result.aborted
             continue
         # a node that crashed while unmasking had already sent its masked input: it is in the sum
         in_sum = nodes if stage == "unmask" else [n for n in nodes if n not in crashed]
@@ -203,7 +205,7 @@ def test_a_nodes_policy_refuses_a_cohort_or_threshold_below_its_minimum() -> Non
     np.testing.assert_array_equal(result.sum, plain_sum(vectors, nodes[1:]))
     transport, nodes = cohort(3, node_config={"privacy-min-secagg-threshold": 3})
     result = run(transport, nodes, inputs(nodes, 6), threshold=2)
-    assert not result.revealed and "below threshold 2" in result.aborted
+    assert not result.revealed and "below the floor 2" in result.aborted
     assert all("below the node's minimum threshold 3" in why for why in result.dropouts.values())
 
 
@@ -252,3 +254,31 @@ def test_a_node_will_not_unmask_for_a_server_that_calls_survivors_dropped() -> N
     result = run(transport, nodes, inputs(nodes, 5), threshold=3)
     assert not result.revealed and set(result.dropouts) == set(nodes)
     assert all("only 1 inputs of this neighbourhood are in the sum" in why for why in result.dropouts.values())
+
+
+def test_a_sparse_graph_reveals_no_sum_below_its_declared_floor() -> None:
+    """A sparse graph: the threshold is a neighbourhood's (6 of 11 here), but the sum's floor (what
+    distributed noise is calibrated for) is declared on its own: 9 of 12 survivors give the exact
+    sum, 8 abort although every neighbourhood could still rebuild its secrets (each keeps >= 7)."""
+    size, degree, threshold, floor = 12, 10, 6, 9
+    for dropped, revealed in ((size - floor, True), (size - floor + 1, False)):
+        _, nodes = cohort(size)
+        crashed = set(nodes[:dropped])
+        transport, _ = cohort(size, app=crashing_at(MASK, crashed))
+        vectors = inputs(nodes, 8, seed=dropped)
+        result = run(transport, nodes, vectors, threshold=threshold, degree=degree, min_inputs=floor)
+        if revealed:
+            in_sum = [n for n in nodes if n not in crashed]
+            np.testing.assert_array_equal(result.sum, plain_sum(vectors, in_sum))
+        else:
+            assert not result.revealed and "below the floor 9" in result.aborted, result.aborted
+
+
+def test_a_node_refuses_a_floor_below_its_policy() -> None:
+    transport, nodes = cohort(6, node_config={"privacy-min-secagg-threshold": 5})
+    result = run(transport, nodes, inputs(nodes, 6), threshold=4, min_inputs=4)
+    assert not result.revealed
+    assert all("below the node's minimum threshold 5" in why for why in result.dropouts.values())
+    transport, nodes = cohort(6, node_config={"privacy-min-secagg-threshold": 5})
+    vectors = inputs(nodes, 6)
+    assert np.array_equal(run(transport, nodes, vectors, threshold=4, min_inputs=5).sum, plain_sum(vectors, nodes))
