@@ -131,6 +131,27 @@ class RunOptions:
         "multiplier itself: giving a noise multiplier too (flag or TOML key) is refused; in Flower's "
         "run_config, where every key has a value, the target wins",
     )
+    # --- secure aggregation (SecAgg+ with distributed Skellam noise; DESIGN §8) -----------------
+    secure_aggregation: bool = option(
+        False,
+        "release through secure sums: the server sees only the sum of a cohort's releases, each client "
+        "adds a Skellam share of the noise that sum needs (methods that support it: dp-merf); every client "
+        "gets two epsilons, against a server that runs the protocol and against one that deviates",
+    )
+    secagg_cohort: int = option(
+        1000, "secure aggregation: clients per secure sum c (the clients split into cohorts of c to 2c - 1)"
+    )
+    secagg_threshold: int = option(
+        0,
+        "secure aggregation: the fewest survivors t whose sum is revealed; the noise shares are calibrated so "
+        "that t of them carry the whole noise, and fewer abort the sum (0: ceil(2c/3))",
+    )
+    secagg_degree: int = option(
+        0,
+        "secure aggregation: neighbours per client in SecAgg+'s graph (0: the complete graph for cohorts "
+        "up to 40, else Bell et al.'s sparse k = 2*ceil(log2 c)); a sparse graph's secret-sharing threshold "
+        "is a strict majority of each neighbourhood",
+    )
     # --- accounting ----------------------------------------------------------------------------
     accountant: str = option(
         "rdp",
@@ -248,6 +269,14 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
     )
     check(c.num_clients <= MAX_CLIENTS, "num_clients", c.num_clients, f"must be at most {MAX_CLIENTS:,}")
     check_all(c, noise_fields, lambda v: v <= MAX_NOISE_MULTIPLIER, f"must be at most {MAX_NOISE_MULTIPLIER:g}")
+    check(c.secagg_cohort >= 3, "secagg_cohort", c.secagg_cohort, "must be >= 3 (no smaller sum is an aggregate)")
+    check(
+        0 <= c.secagg_threshold <= c.secagg_cohort,
+        "secagg_threshold",
+        c.secagg_threshold,
+        f"must be in [0, secagg_cohort={c.secagg_cohort}] (0: ceil(2c/3))",
+    )
+    check(c.secagg_degree >= 0, "secagg_degree", c.secagg_degree, "must be >= 0 (0: automatic)")
     check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")

@@ -11,6 +11,7 @@ nobody is left to ask.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import threading
 import time
@@ -27,6 +28,7 @@ from common.progress import progress_bar
 
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
+from .secure_sum import run_requested
 from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategy import PriorReleases, Strategy, build_strategy
 from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
@@ -206,6 +208,11 @@ def _round(
     exchange = transport.exchange(strategy.configure_step(step, selected))
     outcome = strategy.aggregate_step(step, exchange.replies)
     _count_bytes(strategy, state.comm, exchange)
+    requested = strategy.secure_sums(step)
+    if requested:  # the step's releases were deposited on the nodes: only their sums are revealed
+        count = functools.partial(_count_bytes, strategy, state.comm)
+        results = [run_requested(transport, r, count, cfg.reply_timeout_s) for r in requested]
+        strategy.absorb_sums(step, results, outcome)
     if outcome.took_step:
         answered = len(selected) - len(outcome.exhausted_nodes) - len(outcome.failed_nodes)
         state.comm.count_participation(answered)

@@ -20,7 +20,7 @@ from common.codec import PayloadError
 from common.config import RunOptions
 from common.messages import LEDGER, CarriedLedger, LedgerQuery
 from common.methods import Method, method
-from common.methods.protocol import PriorReleases, Reply, ServerSide, StepOutcome
+from common.methods.protocol import PriorReleases, Reply, ServerSide, StepOutcome, SumRequest, SumResult
 from common.privacy.records import LedgerClaim, unreadable
 from protos import wire
 
@@ -90,6 +90,13 @@ class Strategy:
             return Reply(node, client, wire.decode(reply_cls, reply.content, **expect))
         except PayloadError as err:
             return Reply(node, client, problem=str(err))
+
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        """The secure sums the method asks for after this step's replies (usually none)."""
+        return self.side.secure_sums(step)
+
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
+        self.side.absorb_sums(step, results, outcome)
 
     def released_generator(self) -> nn.Module:
         """The model that is released (and evaluated): the generator's EMA copy."""

@@ -153,7 +153,9 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     amp = summary.get("epsilon_amplified", {})
     kind = summary.get("epsilon_kind", "per client, untrusted server")
     accountant = summary.get("accountant", "rdp").upper()
-    if amp.get("epsilon") is not None:
+    if amp.get("epsilon") is not None and amp.get("sampling") in ("", "none"):  # no sampling to assume
+        amp_text = f"{amp['epsilon']:.4g}  [{amp.get('kind', '')}]"
+    elif amp.get("epsilon") is not None:
         sampling = {"wor": "without replacement", "poisson": "Poisson"}.get(amp.get("sampling", ""), "")
         amp_text = (
             f"{amp['epsilon']:.4g}  [assumes the server samples in secret{', ' + sampling if sampling else ''}; "

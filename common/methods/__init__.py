@@ -52,6 +52,13 @@ def _check_method(cfg: Any) -> None:
         f"strategy {cfg.strategy} has no DPAC form (these do: "
         f"{', '.join(m.name for m in METHODS.values() if m.supports_dpac)}); use 1",
     )
+    check(
+        not cfg.secure_aggregation or METHODS[cfg.strategy].supports_secure_aggregation,
+        "secure_aggregation",
+        cfg.secure_aggregation,
+        f"strategy {cfg.strategy} has no secure-aggregation form (these do: "
+        f"{', '.join(m.name for m in METHODS.values() if m.supports_secure_aggregation) or 'none'})",
+    )
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
         check(
             METHODS[cfg.strategy].min_client_images(cfg) <= cfg.synthetic_samples_per_writer,
@@ -85,6 +92,7 @@ def run_terms(cfg: ExperimentConfig) -> RunTerms:
     run_method = method(cfg.strategy)
     return RunTerms(
         release_noise=run_method.release_noise(cfg),
+        protocol_release_noise=run_method.protocol_release_noise(cfg),
         unbounded_against_server=run_method.unbounded_against_server,
         nonprivate_options=tuple(run_method.nonprivate_options(cfg)),
     )

@@ -18,7 +18,7 @@ from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.records import ClientRecords, LedgerClaim
 from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
 
-from .protocol import ClientNode, PriorReleases, Reply, StepOutcome
+from .protocol import ClientNode, PriorReleases, Reply, StepOutcome, SumRequest, SumResult
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
@@ -41,6 +41,12 @@ class MethodBase:
     accepts_prior_releases = False
     unbounded_against_server = False
     supports_dpac = False
+
+    supports_secure_aggregation = False
+
+    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
+        """Through a secure sum, the noise multiplier of the revealed sum (0: no secure sum)."""
+        return 0.0
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         return cfg.batch_size
@@ -99,6 +105,14 @@ class ServerBase:
     def charge(self, node: int, event: PrivacyEvent) -> None:
         """Charge the server's record of the client ``node`` holds."""
         self.records.charge(self.client_of(node), event)
+
+    # --- secure sums (a method whose releases go through them overrides these) ----------------
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        """The secure sums to run after this step's replies (none)."""
+        return []
+
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
+        """What the sums revealed, into the step's outcome."""
 
     # --- a step's replies ----------------------------------------------------------------------
     def aggregate(self, step: int, replies: list[Reply]) -> StepOutcome:

@@ -52,6 +52,34 @@ class StepOutcome:
 
 
 @dataclass
+class SumRequest:
+    """A secure sum a server side asks the shells to run after a step's replies (SecAgg+,
+    ``server/secure_sum.py``): the integer vectors ``nodes`` deposited for ``session`` (each
+    ``length`` coordinates in [-bound, bound]), neighbourhoods of ``degree`` + 1 sharing secrets with
+    ``threshold``, no sum revealed of fewer than ``min_inputs`` inputs."""
+
+    session: str
+    nodes: list[int]
+    bound: int
+    length: int
+    threshold: int
+    degree: int
+    min_inputs: int
+
+
+@dataclass
+class SumResult:
+    """What a secure sum revealed: the signed sum of the ``survivors``' vectors, or None with the
+    reason it aborted; ``dropouts``: node -> the round it dropped at and why."""
+
+    session: str
+    survivors: list[int] = field(default_factory=list)
+    total: Any = None  # numpy int64 vector, or None
+    aborted: str = ""
+    dropouts: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
 class Reply:
     """One node's reply to a step's request, as the server shell decoded it.
 
@@ -101,10 +129,12 @@ class ClientNode(Protocol):
     def load_state(self) -> ClientState: ...
 
     def record_release(self, state: ClientState, before: PrivacyLedger) -> None: ...
+    def persist(self, state: ClientState) -> None: ...
 
     def charge(self, charges: Mapping[int, Iterable[PrivacyEvent]]) -> None: ...
 
     def releases_by(self, method: str) -> int: ...
+    def deposit_secure_input(self, session: str, vector: Any) -> None: ...
 
 
 @runtime_checkable
@@ -124,6 +154,8 @@ class ServerSide(Protocol):
     def expectations(self, step: int) -> dict[str, Any]: ...
 
     def aggregate(self, step: int, replies: list[Reply]) -> StepOutcome: ...
+    def secure_sums(self, step: int) -> list[SumRequest]: ...
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None: ...
 
     def released_generator(self) -> nn.Module: ...
 
@@ -153,7 +185,9 @@ class Method(Protocol):
 
     Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot
     account for releases made before its run), ``unbounded_against_server`` (False: its clients add
-    their own noise), ``supports_dpac`` (False), ``min_client_images`` (batch_size images per
+    their own noise), ``supports_dpac`` (False), ``supports_secure_aggregation`` and
+    ``protocol_release_noise`` (False / 0: its releases never go through a secure sum; else
+    ``release_noise`` is a node's own share's and this the revealed sum's), ``min_client_images`` (batch_size images per
     client), ``client_critic_lr`` (None: its clients keep no private discriminator),
     ``generator_updates`` (one per step), ``check_sizes`` (no check against the data),
     ``node_ledger`` (None: the client's own ledger is what the node released), ``answer_many``
@@ -169,10 +203,12 @@ class Method(Protocol):
     accepts_prior_releases: bool
     unbounded_against_server: bool
     supports_dpac: bool
+    supports_secure_aggregation: bool
 
     def validate(self, cfg: ExperimentConfig) -> None: ...
 
     def release_noise(self, cfg: ExperimentConfig) -> float: ...
+    def protocol_release_noise(self, cfg: ExperimentConfig) -> float: ...
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]: ...
 

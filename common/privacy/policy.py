@@ -12,6 +12,9 @@ are used. A node pins these itself, in its node config or a policy file on its o
                                  # DP-SGD batches: debugging only, and then ε is unbounded
     trust-server = false         # send updates the server noises (Fed-Avg GAN's raw deltas: ε
                                  # unbounded against the server, user-level DP only if it is honest)
+    trust-secure-sum = false     # a secure sum's release: count (budget, minimum noise) the guarantee
+                                 # against a server that runs the protocol (true) or only the node's
+                                 # own noise share, what protects it from a server that deviates (false)
     min-secagg-cohort = 3        # take part in a secure sum only over at least this many nodes
     min-secagg-threshold = 2     # ... and only if its secrets need at least this many holders (the
                                  # fewest inputs a revealed sum can hold); the protocol itself also
@@ -41,6 +44,7 @@ POLICY_ENV = "FEDGAN_NODE_POLICY"
 POLICY_FILE_KEY = "privacy-policy"
 NODE_CONFIG_PREFIX = "privacy-"
 DEFAULT_DELTA = 1e-5
+SHARE_NOTE = " (its own share of a secure sum's noise; trust-secure-sum = false)"
 # A sum over fewer nodes is no aggregate worth the name (two: either one learns the other's input);
 # a threshold of 1 would let any single holder rebuild a node's secrets. A node's policy may raise both.
 DEFAULT_MIN_SECAGG_COHORT = 3
@@ -58,6 +62,7 @@ class NodePolicy:
     delta: float = DEFAULT_DELTA
     allow_nonprivate: bool = False
     trust_server: bool = False
+    trust_secure_sum: bool = False
     min_secagg_cohort: int = DEFAULT_MIN_SECAGG_COHORT
     min_secagg_threshold: int = DEFAULT_MIN_SECAGG_THRESHOLD
     source: str = "default policy"
@@ -76,6 +81,7 @@ class NodePolicy:
         _require(0 < self.delta < 1, self, "delta", "must be in (0, 1)")
         _require(isinstance(self.allow_nonprivate, bool), self, "allow-nonprivate", "must be true or false")
         _require(isinstance(self.trust_server, bool), self, "trust-server", "must be true or false")
+        _require(isinstance(self.trust_secure_sum, bool), self, "trust-secure-sum", "must be true or false")
         for key in ("min-secagg-cohort", "min-secagg-threshold"):
             value = getattr(self, key.replace("-", "_"))
             _require(type(value) is int and value >= 2, self, key, "must be an integer >= 2")
@@ -105,10 +111,16 @@ class NodePolicy:
         """Why this node refuses a run configured as ``cfg`` (empty: it takes part); ``terms`` is what
         the run's method says of its releases (the node's shell asks it)."""
         out = []
-        if terms.release_noise < self.min_noise_multiplier:
+        noise = self.counted_noise(terms)
+        if noise < self.min_noise_multiplier:
             out.append(
-                f"noise multiplier {terms.release_noise:g} of each release is below the node's minimum "
+                f"noise multiplier {noise:g} of each release is below the node's minimum "
                 f"{self.min_noise_multiplier:g}"
+                + (
+                    " (its own share of a secure sum's noise; trust-secure-sum = false)"
+                    if terms.protocol_release_noise
+                    else ""
+                )
             )
         if terms.unbounded_against_server and not self.trust_server:
             out.append(
@@ -130,6 +142,13 @@ class NodePolicy:
                 for option in nonprivate_options(cfg, terms)
             ]
         return out
+
+    def counted_noise(self, terms: RunTerms) -> float:
+        """The noise multiplier of a release as this node counts it: through a secure sum, the sum's
+        (protocol) when the node trusts the server to run the protocol, else its own share's."""
+        if terms.protocol_release_noise and self.trust_secure_sum:
+            return terms.protocol_release_noise
+        return terms.release_noise
 
     def secagg_violations(self, *, cohort: int, threshold: int) -> list[str]:
         """Why this node refuses a secure sum over ``cohort`` nodes with reconstruction ``threshold``
@@ -168,7 +187,9 @@ class RunTerms:
     ``unbounded_against_server``, ``nonprivate_options``): handed to the policy by the node's shell,
     so the policy never has to know the methods."""
 
-    release_noise: float  # the noise multiplier of each release, as the mechanism runs (GS-WGAN: σ/√B)
+    release_noise: float  # the noise multiplier of each release, as the mechanism runs (GS-WGAN: σ/√B);
+    # through a secure sum: the node's own share's (what protects it from a server that deviates)
+    protocol_release_noise: float = 0.0  # through a secure sum: the revealed sum's (0: no secure sum)
     unbounded_against_server: bool = False  # its clients add no noise of their own (Fed-Avg GAN)
     nonprivate_options: tuple[str, ...] = ()  # its debugging options that void the guarantee
 

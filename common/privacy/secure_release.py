@@ -93,16 +93,20 @@ def plan_for(
 
 
 def encode(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.ndarray:
-    """The client's vector for the secure sum: ``x`` clipped to C, scaled by 1/γ, conditionally
-    rounded to norm ≤ ``plan.bound``, plus its Sk(μ/t) share, mod 2^b (uint64 values < 2^b)."""
+    """The client's vector for the secure sum: ``encode_signed`` mod 2^b (uint64 values < 2^b)."""
+    return np.mod(encode_signed(x, plan, rng), 2**plan.bits).astype(np.uint64)
+
+
+def encode_signed(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.ndarray:
+    """``x`` clipped to C, scaled by 1/γ, conditionally rounded to norm ≤ ``plan.bound``, plus its
+    Sk(μ/t) share: signed int64 (what a node deposits; the secure sum reduces it mod 2^b)."""
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     if x.shape[0] != plan.dim:
         raise ValueError(f"a vector of {x.shape[0]} coordinates for a plan of {plan.dim}")
     norm = float(np.linalg.norm(x))
     clipped = x * min(1.0, plan.clip / norm) if norm > 0 else x
     rounded = conditional_round(clipped / plan.gamma, plan.bound, rng)
-    noisy = rounded + skellam_share(plan.dim, plan.mu_share, rng)
-    return np.mod(noisy, 2**plan.bits).astype(np.uint64)
+    return rounded + skellam_share(plan.dim, plan.mu_share, rng)
 
 
 def decode(total: np.ndarray, plan: SecureSumPlan) -> np.ndarray:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,8 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
         if isinstance(error, NodeRefused):  # nothing was released: the configuration is the problem
             print(f"fedgan: error: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        if os.environ.get("FEDGAN_TRACEBACK"):
+            traceback.print_exception(error)
         print(f"fedgan: the run failed: {_reason(error)}", file=sys.stderr)
         print(checkpoint_note(run), file=sys.stderr)
         return EXIT_FAILED

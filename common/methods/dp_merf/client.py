@@ -14,10 +14,11 @@ from common.device import resolve_device
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.sanitizer import release_noise_source
 
-from ..protocol import refusal
+from ..protocol import ClientNode, refusal
+from . import secure
 from .features import FeatureMap, embed
 from .messages import MerfRelease, MerfRequest
-from .privacy import planned_event
+from .privacy import client_void, planned_event
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
@@ -62,6 +63,36 @@ def release(
     return MerfRelease(
         step=request.step, embedding=noisy.numpy().astype(np.float32), noise_multiplier=ran.noise_multiplier
     )
+
+
+def secure_release(node: ClientNode, state: ClientState, request: MerfRequest) -> MerfRelease:
+    """This client's one release through a secure sum: its summary encoded with its noise share and
+    deposited on the node for ``request.session`` (only the cohort's sum is ever revealed). The
+    run's ledger records the guarantee against a server that runs the protocol (what the run's
+    budget counts); the node's ledger the one its policy counts (its own share's unless
+    ``trust-secure-sum``), each checked before anything is deposited."""
+    cfg, policy = node.cfg, node.policy
+    p = secure.plan(cfg)
+    protocol, own = secure.events(p, client_void(cfg))
+    counted = protocol if policy.trust_secure_sum else own
+    what = "one more release"
+    problem = policy.check_release(counted.noise_multiplier, what)
+    over = problem or policy.over_budget(state.ledger, protocol, cfg)
+    if not over and policy.max_epsilon and policy.node_ledger is not None:
+        if policy.node_ledger.would_exceed(budget=policy.max_epsilon, delta=policy.delta, next_event=counted):
+            over = f"would exceed the node's epsilon budget {policy.max_epsilon:g} at delta {policy.delta:g}"
+    if over:
+        return refusal(MerfRelease, request.step, state.client_id, over if problem else f"{what} {over}")
+    device = resolve_device(cfg.device)
+    images, labels = state.data.images.to(device), state.data.labels.to(device)
+    summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
+    vector = secure.client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
+    node.charge({state.client_id: [counted]})  # charged before the deposit can be masked and sent
+    state.ledger.record(protocol)
+    state.version += 1
+    node.persist(state)
+    node.deposit_secure_input(request.session, vector)
+    return MerfRelease(step=request.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
 
 
 def released_before(made: int, policy: NodePolicy) -> str:

@@ -40,6 +40,13 @@ class MerfGenerator:
         self.target = torch.stack(releases).mean(dim=0).to(self.device)
         self.releases = len(releases)
 
+    def set_mean(self, mean: Tensor, count: int) -> None:
+        """The target given as a mean already (a secure sum's total over its ``count`` inputs)."""
+        if tuple(mean.shape) != self.shape:
+            raise ValueError(f"a target of shape {tuple(mean.shape)}, expected {self.shape}")
+        self.target = mean.to(self.device)
+        self.releases = int(count)
+
     def class_weights(self) -> Tensor:
         """Each class's share of the data, read from the target's count coordinate (uniform when the
         summaries carry no counts); clamped to [1e-3, 1] against the noise."""

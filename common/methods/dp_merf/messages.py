@@ -13,9 +13,12 @@ MSG_EMBED = "train.dpmerf"  # Flower routes by category ("train") and action
 
 @dataclass
 class MerfRequest:
-    """Server -> client: release your summary (once; the node's budget refuses a second)."""
+    """Server -> client: release your summary (once; the node's budget refuses a second). With
+    ``session`` (secure aggregation): deposit it, encoded with its noise share, for that secure sum
+    instead of sending it."""
 
     step: int
+    session: str = ""
 
 
 @dataclass
@@ -30,12 +33,20 @@ class MerfRelease:
     reason: str = ""
     embedding: np.ndarray | None = None
     noise_multiplier: float = 0.0
+    deposited: bool = False  # secure aggregation: the summary waits on the node for the secure sum
 
-    def decoded(self, *, step: int, shape: tuple[int, int]) -> MerfRelease:
-        """The release validated against the request it answers: its step, its shape, finite values."""
+    def decoded(self, *, step: int, shape: tuple[int, int], secure: bool = False) -> MerfRelease:
+        """The release validated against the request it answers: its step, its shape, finite values
+        (``secure``: a deposit, and no summary in the clear)."""
         if self.step != step:
             raise PayloadError(f"the release is for step {self.step}, expected step {step}")
         if self.refused:
+            return self
+        if secure:
+            if not self.deposited or self.embedding is not None:
+                raise PayloadError("a secure-aggregation release is a deposit on the node, never a summary sent")
+            if not self.noise_multiplier >= 0:
+                raise PayloadError(f"invalid privacy event: noise_multiplier={self.noise_multiplier}")
             return self
         if self.embedding is None:
             raise PayloadError("the release carries no 'embedding' array")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
 from . import canary, options, privacy
-from .client import release, released_before
+from .client import release, released_before, secure_release
 from .messages import MESSAGES, MerfRelease, MerfRequest
 from .server import DpMerfServer
 
@@ -24,6 +24,7 @@ class DpMerf(MethodBase):
     step_label = "generator steps"
 
     auditable = True
+    supports_secure_aggregation = True
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
@@ -36,6 +37,9 @@ class DpMerf(MethodBase):
 
     def release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.release_noise(cfg)
+
+    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
+        return cfg.merf_noise_multiplier if cfg.secure_aggregation else 0.0
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
@@ -58,6 +62,11 @@ class DpMerf(MethodBase):
         again = released_before(node.releases_by(self.name), node.policy)
         if again:
             return refusal(MerfRelease, request.step, state.client_id, again)
+        if node.cfg.secure_aggregation != bool(request.session):
+            why = "the request's secure-sum session does not match the run's secure-aggregation setting"
+            return refusal(MerfRelease, request.step, state.client_id, why)
+        if request.session:
+            return secure_release(node, state, request)  # charged and persisted inside
         reply = release(state, node.cfg, request, node.policy)
         if not reply.refused:
             node.record_release(state, before)

@@ -59,3 +59,9 @@ def validate(c: ExperimentConfig) -> None:
     check(0 <= c.merf_dct <= SIDE, "merf_dct", c.merf_dct, f"must be in [0, {SIDE}] (0: pixels)")
     check(0 <= c.merf_count_share < 1, "merf_count_share", c.merf_count_share, "must be in [0, 1)")
     check(c.merf_noise_multiplier >= 0, "merf_noise_multiplier", c.merf_noise_multiplier, "must be >= 0")
+    check(
+        not c.secure_aggregation or c.merf_noise_multiplier > 0,
+        "merf_noise_multiplier",
+        c.merf_noise_multiplier,
+        "must be > 0 with secure aggregation (its noise shares are what it protects with)",
+    )

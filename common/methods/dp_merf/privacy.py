@@ -12,6 +12,9 @@ from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence
 
+from . import secure
+from .secure import fewest_survivors
+
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -22,9 +25,21 @@ RULE_DP_MERF = (
     "own releases without amplification; everything the server computes afterwards is post-processing"
 )
 
+RULE_DP_MERF_SECURE = (
+    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
+    "neighbourhood's secret-sharing threshold): each client deposits its labelled mean embedding once, "
+    "clipped to S, scaled to integers and conditionally rounded to a fixed norm, plus a Skellam share; "
+    "the server sees only sums of at least t clients, which carry Sk(μ) with μ = (σΔ₂)²/2: one Skellam "
+    "mechanism per release (Agarwal, Kairouz & Liu 2021, replace-one sensitivities of the rounded vector), "
+    "composed over the client's own releases without amplification"
+)
+
 
 def release_noise(cfg: ExperimentConfig) -> float:
-    """σ of the release a client makes (what a node's minimum noise is checked against)."""
+    """σ of the release a client makes (what a node's minimum noise is checked against); through a
+    secure sum, its own share's: σ/√t (the sum of t shares carries σ)."""
+    if cfg.secure_aggregation:
+        return cfg.merf_noise_multiplier / math.sqrt(fewest_survivors(cfg))
     return cfg.merf_noise_multiplier
 
 
@@ -38,14 +53,23 @@ def client_void(cfg: ExperimentConfig) -> str:
 
 
 def planned_event(cfg: ExperimentConfig) -> PrivacyEvent:
-    """The mechanism one release runs: a Gaussian with noise multiplier σ (sensitivity 2, std 2σ)."""
+    """The mechanism one release runs: a Gaussian with noise multiplier σ (sensitivity 2, std 2σ);
+    through a secure sum, the revealed sum's Skellam (against a server that runs the protocol)."""
+    if cfg.secure_aggregation:
+        return secure.events(secure.plan(cfg), client_void(cfg))[0]
     return PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=client_void(cfg))
 
 
 def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
     """σ for ``target_epsilon``: one release per client reaches the target; the target also becomes
     the clients' budget, so a second request is refused."""
-    sigma = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, 1, cfg.delta), cfg.target_epsilon)
+    if cfg.secure_aggregation:  # the sum's guarantee against a server that runs the protocol
+        sigma = smallest_noise(
+            lambda nm: PrivacyLedger([secure.plan(cfg, noise_multiplier=nm).protocol_event()]).epsilon(delta=cfg.delta),
+            cfg.target_epsilon,
+        )
+    else:
+        sigma = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, 1, cfg.delta), cfg.target_epsilon)
     budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
     return cfg.replace(merf_noise_multiplier=sigma, client_epsilon_budget=budget)
 
@@ -73,5 +97,16 @@ def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], *, re
         f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "
         "post-processing, no further privacy cost."
     )
+    rule = RULE_DP_MERF
+    if cfg.secure_aggregation:
+        t = fewest_survivors(cfg)
+        intro += (
+            f" Secure aggregation: the summaries were never sent; each client deposited its summary with a "
+            f"Skellam share of the noise (Sk(μ/{t}) per coordinate), and the server saw only SecAgg+ sums over "
+            f"cohorts of about {cfg.secagg_cohort} clients, each revealed only if at least {t} inputs were in it. "
+            "The per-client ε below holds against a server that runs that protocol; against one that deviates, "
+            "only the client's own share protects it (the figure beside it in the report)."
+        )
+        rule = RULE_DP_MERF_SECURE
     per_client, worst = per_client_sentence(ledgers, delta=cfg.delta, accountant=cfg.accountant, what="noisy summaries")
-    return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {RULE_DP_MERF}."], worst)
+    return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {rule}."], worst)

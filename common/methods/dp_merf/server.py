@@ -23,10 +23,11 @@ from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.statement import KIND_PER_CLIENT
 
 from ..base import NOT_APPLICABLE, ServerBase
-from ..protocol import Reply, StepOutcome
+from ..protocol import Reply, StepOutcome, SumRequest, SumResult
 from .generator import MerfGenerator
 from .messages import MerfRelease, MerfRequest
-from .privacy import RULE_DP_MERF, honest_norm_bound, planned_event, statement
+from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, honest_norm_bound, planned_event, statement
+from .secure_server import KIND_SECURE_SUM, SecureSide
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -42,6 +43,9 @@ class DpMerfServer(ServerBase):
         self.generator = MerfGenerator(cfg, num_classes)
         self.steps_done = 0
         self.planned = planned_event(cfg)
+        self.secure = SecureSide(cfg) if cfg.secure_aggregation else None
+        if self.secure:
+            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_DP_MERF_SECURE
 
     @property
     def collected(self) -> bool:
@@ -54,19 +58,29 @@ class DpMerfServer(ServerBase):
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
         if nodes and self.cfg.progress:  # the one long step: say what it waits for
-            tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each")
+            how = " through secure sums" if self.secure else ""
+            tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each{how}")
+        if self.secure:
+            return self.secure.requests(step, nodes)
         return [(node, MerfRequest(step=step)) for node in nodes]
 
     def expectations(self, step: int) -> dict[str, Any]:
-        return {"step": step, "shape": self.generator.shape}
+        return {"step": step, "shape": self.generator.shape, "secure": self.secure is not None}
 
     def on_lost(self, reply: Reply) -> None:
         self.charge(reply.node, self.planned)  # it may have released anyway
+        if self.secure:
+            self.secure.charge_own(self.client_of(reply.node))
 
-    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> torch.Tensor | None:
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> torch.Tensor | int | None:
         """Charge the release (the smaller noise multiplier of what was planned and what the client
-        says it ran); its summary, unless no honest client sends it."""
+        says it ran); its summary, unless no honest client sends it (secure aggregation: its node,
+        whose deposit the cohort's sum will hold)."""
         release: MerfRelease = reply.payload
+        if self.secure:
+            self.charge(reply.node, self.planned)  # what the plan fixes, whatever the node says
+            self.secure.deposited(reply.node, self.client_of(reply.node))
+            return reply.node
         nm = min(self.planned.noise_multiplier, release.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         summary = torch.from_numpy(release.embedding)
@@ -85,7 +99,24 @@ class DpMerfServer(ServerBase):
             if not accepted:
                 outcome.notes.append(f"step {step}: no client's summary was accepted; asking those still available")
                 return
+            if self.secure:
+                return  # the summaries wait on the nodes: the secure sums follow (``absorb_sums``)
             self.generator.set_target(accepted)
+        self._generator_step(step, outcome)
+
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        return self.secure.sum_requests() if self.secure else []
+
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
+        """The mean of every revealed cohort sum becomes the target; then the step's generator step."""
+        mean, count = self.secure.mean(results, outcome, self.generator.shape)
+        if mean is None:
+            outcome.notes.append(f"step {step}: no secure sum was revealed; asking those still available")
+            return
+        self.generator.set_mean(mean, count)
+        self._generator_step(step, outcome)
+
+    def _generator_step(self, step: int, outcome: StepOutcome) -> None:
         loss = self.generator.step()
         if not torch.isfinite(torch.tensor(loss)):
             outcome.notes.append(f"step {step}: the generator's loss was not finite")
@@ -98,6 +129,8 @@ class DpMerfServer(ServerBase):
 
     # --- the report ------------------------------------------------------------------------------
     def beside(self, *, final: bool) -> dict[str, Any]:
+        if self.secure:
+            return self.secure.beside(self.cfg, range(self.cfg.num_clients), final=final)
         return {
             **NOT_APPLICABLE,
             "assumption": "not applicable: every client releases once and nobody is sampled, so there is "
@@ -107,6 +140,7 @@ class DpMerfServer(ServerBase):
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
         return {
+            **(self.secure.mechanism() if self.secure else {}),
             "σ": cfg.merf_noise_multiplier,
             "S": cfg.merf_clip,
             "D": cfg.merf_features,
@@ -121,6 +155,7 @@ class DpMerfServer(ServerBase):
             "features": cfg.merf_features,
             "dct": cfg.merf_dct,
             "releases_used": self.generator.releases,
+            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
@@ -129,6 +164,7 @@ class DpMerfServer(ServerBase):
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
+            **({"own_records": self.secure.own.state_dict()} if self.secure else {}),
             "generator": self.generator.state_dict(),
             "records": self.records.state_dict(),
             "steps_done": self.steps_done,
@@ -138,3 +174,5 @@ class DpMerfServer(ServerBase):
         self.generator.load_state_dict(state["generator"])
         self.records.load_state_dict(state["records"])
         self.steps_done = int(state["steps_done"])
+        if self.secure and "own_records" in state:
+            self.secure.own.load_state_dict(state["own_records"])
