@@ -72,6 +72,8 @@ class SecureSide:
         """One sum per cohort over the nodes that deposited; the pending sessions are handed over."""
         out = []
         for session, nodes in self.pending.items():
+            if not nodes:  # nobody deposited: nothing to sum
+                continue
             degree, threshold = secure.graph(self.cfg, len(nodes))
             floor = max(threshold, secure.fewest_survivors(self.cfg))
             out.append(SumRequest(session, sorted(nodes), self.range, self.plan.dim, threshold, degree, floor))
