@@ -142,13 +142,13 @@ def bench_app(plain: dict[int, np.ndarray]) -> Callable:
 def measure_plain(transport: InProcessTransport, nodes: list[int], shape: tuple[int, int]) -> dict:
     """One exchange: a release request down, the float32 release up; the server decodes and sums."""
     outgoing = [Outgoing(n, MSG_EMBED, wire.encode(MerfRequest(step=0))) for n in nodes]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     exchange = exchange_in_chunks(transport, outgoing)
     releases = [wire.decode(MerfRelease, r.content).decoded(step=0, shape=shape) for r in exchange.replies]
     total = np.sum([r.embedding.astype(np.float64) for r in releases], axis=0)
-    seconds = time.perf_counter() - start
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     down, up = exchange.totals()
-    return {"sum": total.reshape(-1), "seconds": seconds, **per_client(down, up, len(nodes))}
+    return {"sum": total.reshape(-1), "seconds": seconds, "cpu_s": cpu_s, **per_client(down, up, len(nodes))}
 
 
 def measure_secure(
@@ -161,7 +161,7 @@ def measure_secure(
     for node, x in zip(nodes, vectors, strict=True):
         deposit_input(transport.contexts[node], session, decode_signed(encode(x, plan, rng), plan.bits))
     encode_s = time.perf_counter() - start
-    degree = params["degree"]
+    degree, cpu = params["degree"], time.process_time()
     result = secure_sum(
         transport,
         nodes,
@@ -172,6 +172,7 @@ def measure_secure(
         bits=params["bits"],
         session=session,
     )
+    cpu_s = time.process_time() - cpu
     if not result.revealed:
         raise RuntimeError(f"the secure sum aborted: {result.aborted}")
     n = len(nodes)
@@ -181,6 +182,7 @@ def measure_secure(
     return {
         **per_client(down, up, n),
         "seconds": sum(result.seconds_by_stage.values()),
+        "cpu_s": cpu_s,
         "seconds_by_round": dict(result.seconds_by_stage),
         "bytes_per_client_by_round": stages,
         "encode_s_per_client": encode_s / n,
@@ -213,6 +215,7 @@ def measure_cohort(cohort: int, *, dim: int, epsilons: Sequence[float], degree: 
         secure["ratio_bytes"] = secure["total"] / plain_arm["total"]
         secure["ratio_up"] = secure["up"] / plain_arm["up"]
         secure["ratio_seconds"] = secure["seconds"] / plain_arm["seconds"]
+        secure["ratio_cpu_s"] = secure["cpu_s"] / plain_arm["cpu_s"]
         row["secure"].append({**params, **secure})
     return row
 
@@ -251,7 +254,8 @@ def run_benchmark(
         "definition": "bytes per client: serialized Flower message bytes of one release (plain: one "
         "train.dpmerf request down and its float32 release up; secure: the four SecAgg+ rounds), "
         "summed over the cohort and divided by c; seconds: server wall time of the exchange(s) "
-        "including every node's handler, in one process",
+        "including every node's handler, in one process; cpu_s: this process's CPU time over the "
+        "same span (steadier than wall time on a shared host)",
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "rows": rows,
     }
@@ -265,10 +269,12 @@ def markdown(result: dict, command: str) -> str:
         "",
         f"One release of d = {result['dim']} coordinates per client, in-process transport, "
         f"one process on this host. Plan: Skellam, one release, δ = {result['delta']:g}, "
-        f"clip {result['clip']:.4f}. Bytes per client (down + up); seconds: server wall time of one sum.",
+        f"clip {result['clip']:.4f}. Bytes per client (down + up); seconds: server wall time of one sum "
+        "(CPU s: the process's CPU time, every thread counted: Flower's Shamir sharing runs in a thread "
+        "pool; steadier than wall time on a shared host).",
         "",
         "| c | graph | ε | t | b (plan / run) | masked | plain B/client | secure B/client (down / up) "
-        "| × plain | plain s | secure s | × plain |",
+        "| × plain | plain s | secure s (CPU s) | × plain |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
@@ -278,8 +284,15 @@ def markdown(result: dict, command: str) -> str:
                 f"| {row['cohort']} | {row['graph']} | {arm['epsilon']:g} | {arm['threshold']} "
                 f"| {arm['plan_bits']} / {arm['bits']} | {arm['masked_dtype']} | {plain['total']:,.0f} "
                 f"| {arm['total']:,.0f} ({arm['down']:,.0f} / {arm['up']:,.0f}) | {arm['ratio_bytes']:.2f} "
-                f"| {plain['seconds']:.3f} | {arm['seconds']:.2f} | {arm['ratio_seconds']:.0f} |"
+                f"| {plain['seconds']:.3f} | {arm['seconds']:.2f} ({arm['cpu_s']:.2f}) | {arm['ratio_seconds']:.0f} |"
             )
+    lines += [
+        "",
+        "b (plan / run): the modulus bits the Skellam plan gives (the sum of c rounded vectors plus "
+        "the total noise's 1e-12 tail) and the bits the sum ran at: the larger of those and "
+        "`required_bits(c, R)`, where each client's input range R must also hold its own noise "
+        "share's tail (the nodes refuse a modulus below that).",
+    ]
     lines += ["", f"Per round (bytes per client down / up; seconds), at ε = {result['epsilons'][0]:g}:", ""]
     lines += ["| c | graph | " + " | ".join(STAGES) + " |", "|---|---|" + "---|" * len(STAGES)]
     for row in result["rows"]:
