@@ -73,3 +73,22 @@ def test_a_skellam_event_composes_in_a_ledger_and_round_trips():
     assert ledger.prv_epsilon(delta=1e-5)[0] is None  # PRV has no Skellam: RDP is the figure
     with pytest.raises(ValueError):
         PrivacyEvent(noise_multiplier=1.0, sample_rate=0.5, noise="skellam", skellam_mu=1.0, l1=1.0, l2=1.0)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 4.0])
+def test_a_secure_plans_epsilon_approaches_dp_accountings_gaussian_from_above(sigma):
+    """dp-accounting has no Skellam; at the μ our plans use (Δ₂ ≈ 3·10⁴ after scaling by 1/γ), the
+    Skellam's RDP bound must sit above dp-accounting's Gaussian of the same multiplier, and within 1%."""
+    dpa = pytest.importorskip("dp_accounting")
+    from dp_accounting.rdp import RdpAccountant
+
+    from common.privacy.secure_release import SecureSumPlan
+
+    unit = SecureSumPlan(4010, 0.32, 1000, 667, 1.0)
+    _, l2 = sensitivities(unit.bound, unit.dim)
+    plan = SecureSumPlan(4010, 0.32, 1000, 667, (sigma * l2) ** 2 / 2)
+    ours = PrivacyLedger([plan.protocol_event()]).epsilon(delta=1e-5)
+    accountant = RdpAccountant(orders=[1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+    accountant.compose(dpa.GaussianDpEvent(sigma))
+    theirs = accountant.get_epsilon(1e-5)
+    assert theirs * (1 - 2e-3) <= ours <= theirs * 1.01, (ours, theirs)
