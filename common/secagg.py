@@ -114,6 +114,34 @@ def parameter_problems(
     return out
 
 
+COMPLETE_UP_TO = 40  # cohorts up to this size use the complete graph by default (Shamir is O(c·t) per node)
+
+
+def cohort_graph(size: int, degree: int, fewest: int) -> tuple[int, int]:
+    """(degree, secret-sharing threshold) of a cohort of ``size`` whose sums hold at least ``fewest``
+    inputs. ``degree`` 0: the complete graph up to ``COMPLETE_UP_TO``, else Bell et al.'s sparse k.
+    The complete graph shares with max(fewest, a majority); a sparse one with a strict majority of
+    each neighbourhood (the floor on the sum is then declared apart, ``fewest_inputs``)."""
+    complete = complete_degree(size)
+    if degree:
+        degree = complete if degree >= complete else degree + degree % 2
+    else:
+        degree = complete if size <= COMPLETE_UP_TO else sparse_degree(size)
+    if degree == complete:
+        return degree, min(size, max(majority_threshold(degree), fewest))
+    return degree, majority_threshold(degree)
+
+
+def split_cohorts(nodes: Sequence[int], cohort: int, rng: np.random.Generator) -> list[list[int]]:
+    """``nodes`` split at random into max(1, n // c) cohorts of c to 2c - 1 (near-equal sizes)."""
+    if not nodes:
+        return []
+    order = [nodes[i] for i in rng.permutation(len(nodes))]
+    count = max(1, len(order) // cohort)
+    bounds = np.linspace(0, len(order), count + 1).round().astype(int)  # node ids are 64-bit unsigned
+    return [sorted(order[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
 def session_problem(session: str) -> str:
     """Why ``session`` is not a usable session id ("")."""
     return "" if SESSION_PATTERN.match(session) else f"session id {session[:80]!r} is not 1-64 of [A-Za-z0-9_.:-]"

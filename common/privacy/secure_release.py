@@ -14,16 +14,18 @@ are recorded, each in its own ledger (DESIGN §8).
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
 
 from .events import PrivacyEvent
 from .ledger import PrivacyLedger
-from .skellam import conditional_round, modulus_bits, rounded_norm_bound, sensitivities, skellam_share
+from .skellam import conditional_round, modulus_bits, rounded_norm_bound, sensitivities, skellam_share, skellam_tail
 
 GRANULARITY_BITS = 14  # C / γ = 2^14: the rounding adds ~√d/2 to a norm of 16,384 (0.3% at d = 10⁴)
 ROUNDING_BETA = 1e-9  # the chance a rounding draw must be redrawn, in the norm bound
+RANGE_TAIL = 1e-15  # an honest coordinate leaves its declared range with at most this probability
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,42 @@ def decode(total: np.ndarray, plan: SecureSumPlan) -> np.ndarray:
 def noise_std(plan: SecureSumPlan, survivors: int) -> float:
     """The std of each coordinate of a decoded sum of ``survivors`` ≥ t clients, in the vectors' units."""
     return plan.gamma * math.sqrt(2 * plan.mu_share * survivors)
+
+
+# --- what a method's secure form needs (DP-MERF's summaries, GS-WGAN's gradients) -----------------
+def fewest_survivors(cohort: int, threshold: int) -> int:
+    """t: the fewest inputs a revealed sum holds (``threshold``, or ⌈2c/3⌉ when 0); the noise shares
+    are calibrated so that t of them carry the whole noise."""
+    return threshold or math.ceil(2 * cohort / 3)
+
+
+def plan_with_multiplier(*, dim: int, clip: float, cohort: int, threshold: int, sigma: float) -> SecureSumPlan:
+    """The plan whose revealed sum carries noise multiplier ``sigma`` in the Gaussian's units:
+    μ = (σ·Δ₂)²/2, so the Skellam's std is σ times its ℓ₂ sensitivity, as the Gaussian's would be."""
+    _, l2 = sensitivities(SecureSumPlan(dim, clip, cohort, threshold, 1.0).bound, dim)
+    return SecureSumPlan(dim, clip, cohort, threshold, max((sigma * l2) ** 2 / 2, 1e-9))
+
+
+def coordinate_range(plan: SecureSumPlan) -> int:
+    """R: every coordinate an honest client deposits lies in [-R, R] (its rounded vector's norm
+    bound, plus its noise share's tail at ``RANGE_TAIL``); what the sum's modulus is sized for."""
+    return int(math.ceil(plan.bound + skellam_tail(plan.mu_share, RANGE_TAIL)))
+
+
+def release_events(plan: SecureSumPlan, void: str = "") -> tuple[PrivacyEvent, PrivacyEvent]:
+    """(against a server that runs the protocol, against one that deviates) for one release."""
+    protocol, own = plan.protocol_event(), plan.own_event()
+    if not void:
+        return protocol, own
+    return tuple(PrivacyEvent.skellam(mu=e.skellam_mu, l1=e.l1, l2=e.l2, void=void) for e in (protocol, own))
+
+
+def client_vector(x: np.ndarray, plan: SecureSumPlan, noise_seed: int, client_id: int, step: int) -> np.ndarray:
+    """A client's deposit: ``x`` encoded for the sum (clipped, rounded, plus its share), signed int64;
+    a fixed ``noise_seed`` (tests only) makes it reproducible."""
+    seed = [noise_seed, client_id, step] if noise_seed >= 0 else secrets.randbits(128)
+    vector = encode_signed(np.asarray(x).reshape(-1), plan, np.random.default_rng(seed))
+    limit = coordinate_range(plan)
+    if np.abs(vector).max(initial=0) > limit:  # probability below d·RANGE_TAIL: never for honest noise
+        raise RuntimeError(f"a deposited coordinate exceeds the declared range {limit}; the release is withheld")
+    return vector

@@ -17,6 +17,7 @@ from common.methods.dp_merf import secure
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease
 from common.privacy import PrivacyLedger
 from common.privacy.node_ledger import read_node_book
+from common.privacy.secure_release import client_vector, coordinate_range
 from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory
@@ -125,10 +126,10 @@ def test_the_noise_of_a_revealed_sum_has_the_calibrated_variance() -> None:
         transport = InProcessTransport(client_app, 5)
         nodes = transport.node_ids(5)
         for i, node in enumerate(nodes):
-            vector = secure.client_vector(np.zeros(plan.dim), plan, -1, i, 0)
+            vector = client_vector(np.zeros(plan.dim), plan, -1, i, 0)
             deposit_input(transport.contexts[node], session, vector)
         result = secure_sum(
-            transport, nodes, bound=secure.coordinate_range(plan), length=plan.dim, threshold=4, session=session
+            transport, nodes, bound=coordinate_range(plan), length=plan.dim, threshold=4, session=session
         )
         draws.append(result.sum.astype(np.float64))
     draws = np.concatenate(draws)

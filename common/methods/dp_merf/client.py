@@ -13,6 +13,7 @@ from common.data import num_classes_for
 from common.device import resolve_device
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.sanitizer import release_noise_source
+from common.privacy.secure_release import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
 from . import secure
@@ -73,7 +74,7 @@ def secure_release(node: ClientNode, state: ClientState, request: MerfRequest) -
     ``trust-secure-sum``), each checked before anything is deposited."""
     cfg, policy = node.cfg, node.policy
     p = secure.plan(cfg)
-    protocol, own = secure.events(p, client_void(cfg))
+    protocol, own = release_events(p, client_void(cfg))
     counted = protocol if policy.trust_secure_sum else own
     what = "one more release"
     problem = policy.check_release(counted.noise_multiplier, what)
@@ -86,7 +87,7 @@ def secure_release(node: ClientNode, state: ClientState, request: MerfRequest) -
     device = resolve_device(cfg.device)
     images, labels = state.data.images.to(device), state.data.labels.to(device)
     summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
-    vector = secure.client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
+    vector = client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
     node.charge({state.client_id: [counted]})  # charged before the deposit can be masked and sent
     state.ledger.record(protocol)
     state.version += 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from common.calibration import ledger_epsilon, smallest_noise
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
+from common.privacy.secure_release import release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence
 
 from . import secure
@@ -56,7 +57,7 @@ def planned_event(cfg: ExperimentConfig) -> PrivacyEvent:
     """The mechanism one release runs: a Gaussian with noise multiplier σ (sensitivity 2, std 2σ);
     through a secure sum, the revealed sum's Skellam (against a server that runs the protocol)."""
     if cfg.secure_aggregation:
-        return secure.events(secure.plan(cfg), client_void(cfg))[0]
+        return release_events(secure.plan(cfg), client_void(cfg))[0]
     return PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=client_void(cfg))
 
 

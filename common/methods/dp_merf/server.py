@@ -15,19 +15,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.statement import KIND_PER_CLIENT
+from common.secagg import split_cohorts
 
 from ..base import NOT_APPLICABLE, ServerBase
 from ..protocol import Reply, StepOutcome, SumRequest, SumResult
+from ..secure_sums import KIND_SECURE_SUM, SecureSums
+from . import secure
 from .generator import MerfGenerator
 from .messages import MerfRelease, MerfRequest
-from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, honest_norm_bound, planned_event, statement
-from .secure_server import KIND_SECURE_SUM, SecureSide
+from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, client_void, honest_norm_bound, planned_event, statement
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -43,7 +46,8 @@ class DpMerfServer(ServerBase):
         self.generator = MerfGenerator(cfg, num_classes)
         self.steps_done = 0
         self.planned = planned_event(cfg)
-        self.secure = SecureSide(cfg) if cfg.secure_aggregation else None
+        self.secure = SecureSums(cfg, secure.plan(cfg), client_void(cfg)) if cfg.secure_aggregation else None
+        self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
         if self.secure:
             self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_DP_MERF_SECURE
 
@@ -60,8 +64,12 @@ class DpMerfServer(ServerBase):
         if nodes and self.cfg.progress:  # the one long step: say what it waits for
             how = " through secure sums" if self.secure else ""
             tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each{how}")
-        if self.secure:
-            return self.secure.requests(step, nodes)
+        if self.secure:  # one session per cohort of c to 2c - 1
+            out = []
+            for cohort in split_cohorts(nodes, self.cfg.secagg_cohort, self.cohort_rng):
+                session = self.secure.open(step, cohort, tag="merf")
+                out += [(node, MerfRequest(step=step, session=session)) for node in cohort]
+            return out
         return [(node, MerfRequest(step=step)) for node in nodes]
 
     def expectations(self, step: int) -> dict[str, Any]:
@@ -105,15 +113,15 @@ class DpMerfServer(ServerBase):
         self._generator_step(step, outcome)
 
     def secure_sums(self, step: int) -> list[SumRequest]:
-        return self.secure.sum_requests() if self.secure else []
+        return self.secure.requests() if self.secure else []
 
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The mean of every revealed cohort sum becomes the target; then the step's generator step."""
-        mean, count = self.secure.mean(results, outcome, self.generator.shape)
-        if mean is None:
+        total, count = self.secure.total(results, outcome)
+        if total is None:
             outcome.notes.append(f"step {step}: no secure sum was revealed; asking those still available")
             return
-        self.generator.set_mean(mean, count)
+        self.generator.set_mean(torch.from_numpy(total / count).float().reshape(self.generator.shape), count)
         self._generator_step(step, outcome)
 
     def _generator_step(self, step: int, outcome: StepOutcome) -> None:
@@ -130,7 +138,7 @@ class DpMerfServer(ServerBase):
     # --- the report ------------------------------------------------------------------------------
     def beside(self, *, final: bool) -> dict[str, Any]:
         if self.secure:
-            return self.secure.beside(self.cfg, range(self.cfg.num_clients), final=final)
+            return self.secure.beside(range(self.cfg.num_clients), final=final)
         return {
             **NOT_APPLICABLE,
             "assumption": "not applicable: every client releases once and nobody is sampled, so there is "
@@ -140,7 +148,7 @@ class DpMerfServer(ServerBase):
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
         return {
-            **(self.secure.mechanism() if self.secure else {}),
+            **({"c": self.cfg.secagg_cohort, **self.secure.mechanism()} if self.secure else {}),
             "σ": cfg.merf_noise_multiplier,
             "S": cfg.merf_clip,
             "D": cfg.merf_features,
@@ -164,7 +172,7 @@ class DpMerfServer(ServerBase):
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            **({"own_records": self.secure.own.state_dict()} if self.secure else {}),
+            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
             "generator": self.generator.state_dict(),
             "records": self.records.state_dict(),
             "steps_done": self.steps_done,
@@ -174,5 +182,5 @@ class DpMerfServer(ServerBase):
         self.generator.load_state_dict(state["generator"])
         self.records.load_state_dict(state["records"])
         self.steps_done = int(state["steps_done"])
-        if self.secure and "own_records" in state:
-            self.secure.own.load_state_dict(state["own_records"])
+        if self.secure and "secure_sums" in state:
+            self.secure.load_state_dict(state["secure_sums"])

@@ -1,0 +1,126 @@
+"""A method's server side through secure sums, whatever it sums (DP-MERF's summaries, GS-WGAN's
+gradients): the sessions it opens, who deposited, the sums it asks the shells to run
+(``SumRequest``), what they revealed, and the second guarantee, against a server that deviates,
+from records of its own (``common/privacy/secure_release.py`` has the plan and its events).
+
+The server never holds a client's vector: it asks the clients of a session to deposit their encoded
+release on their node, then asks the shells for one SecAgg+ sum per session over the nodes that
+acknowledged. What it learns is each revealed sum and how many inputs it holds.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from common.privacy.records import ClientRecords
+from common.privacy.secure_release import SecureSumPlan, coordinate_range, release_events
+from common.privacy.statement import server_entry
+from common.secagg import cohort_graph, fewest_inputs
+
+from .protocol import StepOutcome, SumRequest, SumResult
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+KIND_SECURE_SUM = "per client, server runs the secure sum"
+KIND_DEVIATING = "per client, server deviates from the secure sum"
+RULE_DEVIATING = (
+    "against a server that deviates from the protocol (or colludes with enough clients to unmask one "
+    "vector), only the client's own noise share protects it: Sk(μ/t), the Skellam mechanism on its "
+    "rounded vector, composed over the client's own releases"
+)
+
+
+class SecureSums:
+    """What a method's server keeps for its secure sums (one per run)."""
+
+    def __init__(self, cfg: ExperimentConfig, plan: SecureSumPlan, void: str = "") -> None:
+        self.cfg, self.plan = cfg, plan
+        self.range = coordinate_range(plan)
+        self.own_event = release_events(plan, void)[1]
+        self.own = ClientRecords(cfg.delta)  # the second guarantee, charged like the headline's records
+        self.pending: dict[str, list[int]] = {}  # session -> the nodes that deposited for it
+        self.session_of: dict[int, str] = {}
+        self.sums: list[dict[str, Any]] = []  # one entry per sum run: inputs, dropouts, why it aborted
+
+    def open(self, step: int, nodes: Iterable[int], tag: str = "") -> str:
+        """A new session for ``nodes``; returns its id (random, so no two runs share one)."""
+        session = f"{tag}{step}-{secrets.token_hex(6)}"
+        self.pending[session] = []
+        for node in nodes:
+            self.session_of[int(node)] = session
+        return session
+
+    def deposited(self, node: int, client: int) -> None:
+        self.charge_own(client)
+        self.pending[self.session_of[node]].append(node)
+
+    def charge_own(self, client: int) -> None:
+        self.own.charge(client, self.own_event)
+
+    def requests(self) -> list[SumRequest]:
+        """One sum per session over the nodes that deposited (none for an empty one); the pending
+        sessions are handed over."""
+        out = []
+        for session, nodes in self.pending.items():
+            if not nodes:
+                continue
+            degree, threshold = cohort_graph(len(nodes), self.cfg.secagg_degree, self.plan.threshold)
+            floor = fewest_inputs(threshold, self.plan.threshold)
+            out.append(SumRequest(session, sorted(nodes), self.range, self.plan.dim, threshold, degree, floor))
+        self.pending, self.session_of = {}, {}
+        return out
+
+    def total(self, results: list[SumResult], outcome: StepOutcome) -> tuple[np.ndarray | None, int]:
+        """(the sum of every revealed sum, in the vectors' units; how many inputs it holds), or
+        (None, 0) when none was revealed; a note per sum that aborted or lost nodes."""
+        total, count = np.zeros(self.plan.dim, np.float64), 0
+        for r in results:
+            self.sums.append({"inputs": len(r.survivors), "dropouts": len(r.dropouts), "aborted": r.aborted})
+            if r.total is None:
+                outcome.notes.append(f"secure sum {r.session} revealed nothing: {r.aborted}")
+                continue
+            if r.dropouts:
+                dropped = len(r.dropouts)
+                outcome.notes.append(f"secure sum {r.session}: {dropped} node(s) dropped, the sum holds the rest")
+            total += np.asarray(r.total, np.float64) * self.plan.gamma
+            count += len(r.survivors)
+        return (total, count) if count else (None, 0)
+
+    def beside(self, clients: Iterable[int], *, final: bool) -> dict[str, Any]:
+        """The worst client's ε against a server that deviates, from the records of its own shares."""
+        cfg = self.cfg
+        ledgers = self.own.ledgers(list(clients))
+        worst = max(ledgers.values(), key=lambda led: led.epsilon(delta=cfg.delta) if led.queries else 0.0)
+        return server_entry(
+            worst, delta=cfg.delta, accountant=cfg.accountant, kind=KIND_DEVIATING, rule=RULE_DEVIATING, final=final
+        )
+
+    def mechanism(self) -> dict[str, float]:
+        return {"t": self.plan.threshold, "μ (sum)": self.plan.mu}
+
+    def parameters(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "cohort": p.cohort,
+            "fewest_survivors": p.threshold,
+            "degree": self.cfg.secagg_degree or "auto",
+            "granularity": p.gamma,
+            "rounded_norm_bound": p.bound,
+            "skellam_mu_sum": p.mu,
+            "skellam_mu_share": p.mu_share,
+            "coordinate_range": self.range,
+            "noise_multiplier_share": self.own_event.noise_multiplier,
+            "sums": self.sums,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"own_records": self.own.state_dict(), "sums": list(self.sums)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.own.load_state_dict(state["own_records"])
+        self.sums = list(state.get("sums", []))
