@@ -59,6 +59,7 @@ def _check_method(cfg: Any) -> None:
         f"strategy {cfg.strategy} has no secure-aggregation form (these do: "
         f"{', '.join(m.name for m in METHODS.values() if m.supports_secure_aggregation) or 'none'})",
     )
+    METHODS[cfg.strategy].check_run(cfg)
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
         check(
             METHODS[cfg.strategy].min_client_images(cfg) <= cfg.synthetic_samples_per_writer,

@@ -44,6 +44,10 @@ class MethodBase:
 
     supports_secure_aggregation = False
 
+    def check_run(self, cfg: ExperimentConfig) -> None:
+        """Checks that apply only when this method is the run's (``validate`` runs for every method's
+        section whatever the run): default, none."""
+
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
         """Through a secure sum, the noise multiplier of the revealed sum (0: no secure sum)."""
         return 0.0

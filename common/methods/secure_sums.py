@@ -21,10 +21,12 @@ from common.privacy.secure_release import SecureSumPlan, coordinate_range, relea
 from common.privacy.statement import server_entry
 from common.secagg import cohort_graph, fewest_inputs
 
-from .protocol import StepOutcome, SumRequest, SumResult
+from .protocol import ClientNode, StepOutcome, SumRequest, SumResult
 
 if TYPE_CHECKING:
+    from common.client_state import ClientState
     from common.methods import ExperimentConfig
+    from common.privacy import PrivacyEvent
 
 KIND_SECURE_SUM = "per client, server runs the secure sum"
 KIND_DEVIATING = "per client, server deviates from the secure sum"
@@ -124,3 +126,22 @@ class SecureSums:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.own.load_state_dict(state["own_records"])
         self.sums = list(state.get("sums", []))
+
+
+def deposit(
+    node: ClientNode,
+    state: ClientState,
+    session: str,
+    vector: np.ndarray,
+    protocol: PrivacyEvent,
+    counted: PrivacyEvent,
+) -> None:
+    """A client's side of a release through a secure sum, once its vector is encoded: the node's
+    ledger charged with the event its policy counts and the run's with ``protocol``, the state
+    written, then the vector deposited (masked in the sum's third round, never sent in the clear).
+    A crash in between over-counts, never under-counts."""
+    node.charge({state.client_id: [counted]})
+    state.ledger.record(protocol)
+    state.version += 1
+    node.persist(state)
+    node.deposit_secure_input(session, vector)

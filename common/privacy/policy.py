@@ -171,6 +171,27 @@ class NodePolicy:
         over = self.over_budget(ledger, event, cfg)
         return f"{what} {over}" if over else ""
 
+    def secure_release_refusal(self, ledger: Any, protocol: Any, own: Any, cfg: Any, what: str) -> tuple[str, Any]:
+        """(why the node refuses a release through a secure sum, or ""; the event its own ledger
+        counts): ``own`` (its noise share, against a server that deviates) unless the node trusts
+        the protocol (``trust-secure-sum``), then ``protocol``. The node's minimum noise and
+        max-epsilon are checked on the counted event, the run's budget on ``protocol`` (what the
+        run's ledger records)."""
+        counted = protocol if self.trust_secure_sum else own
+        problem = self.check_release(counted.noise_multiplier, what)
+        if problem:
+            return problem, counted
+        checks = [(cfg.client_epsilon_budget, cfg.delta, ledger, protocol, "the run's")]
+        checks.append((self.max_epsilon, self.delta, self.node_ledger or ledger, counted, "the node's"))
+        for budget, delta, book, event, whose in checks:
+            if budget > 0 and book.would_exceed(budget=budget, delta=delta, next_event=event):
+                spent = book.nominal_rdp_epsilon(delta=delta)[0]
+                return (
+                    f"{what} would exceed {whose} epsilon budget {budget:g} at delta {delta:g} (spent {spent:.4g})",
+                    counted,
+                )
+        return "", counted
+
     def check_release(self, noise_multiplier: float, what: str) -> str | None:
         """Why the node refuses one release with this noise (None: it may go ahead)."""
         if noise_multiplier < self.min_noise_multiplier:

@@ -16,6 +16,7 @@ from common.privacy.sanitizer import release_noise_source
 from common.privacy.secure_release import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
+from ..secure_sums import deposit
 from . import secure
 from .features import FeatureMap, embed
 from .messages import MerfRelease, MerfRequest
@@ -75,24 +76,14 @@ def secure_release(node: ClientNode, state: ClientState, request: MerfRequest) -
     cfg, policy = node.cfg, node.policy
     p = secure.plan(cfg)
     protocol, own = release_events(p, client_void(cfg))
-    counted = protocol if policy.trust_secure_sum else own
-    what = "one more release"
-    problem = policy.check_release(counted.noise_multiplier, what)
-    over = problem or policy.over_budget(state.ledger, protocol, cfg)
-    if not over and policy.max_epsilon and policy.node_ledger is not None:
-        if policy.node_ledger.would_exceed(budget=policy.max_epsilon, delta=policy.delta, next_event=counted):
-            over = f"would exceed the node's epsilon budget {policy.max_epsilon:g} at delta {policy.delta:g}"
+    over, counted = policy.secure_release_refusal(state.ledger, protocol, own, cfg, "one more release")
     if over:
-        return refusal(MerfRelease, request.step, state.client_id, over if problem else f"{what} {over}")
+        return refusal(MerfRelease, request.step, state.client_id, over)
     device = resolve_device(cfg.device)
     images, labels = state.data.images.to(device), state.data.labels.to(device)
     summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
     vector = client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
-    node.charge({state.client_id: [counted]})  # charged before the deposit can be masked and sent
-    state.ledger.record(protocol)
-    state.version += 1
-    node.persist(state)
-    node.deposit_secure_input(request.session, vector)
+    deposit(node, state, request.session, vector, protocol, counted)
     return MerfRelease(step=request.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
 
 

@@ -35,6 +35,9 @@ class DpMerf(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
+    def check_run(self, cfg: ExperimentConfig) -> None:
+        options.check_run(cfg)
+
     def release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.release_noise(cfg)
 

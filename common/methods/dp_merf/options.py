@@ -59,6 +59,10 @@ def validate(c: ExperimentConfig) -> None:
     check(0 <= c.merf_dct <= SIDE, "merf_dct", c.merf_dct, f"must be in [0, {SIDE}] (0: pixels)")
     check(0 <= c.merf_count_share < 1, "merf_count_share", c.merf_count_share, "must be in [0, 1)")
     check(c.merf_noise_multiplier >= 0, "merf_noise_multiplier", c.merf_noise_multiplier, "must be >= 0")
+
+
+def check_run(c: ExperimentConfig) -> None:
+    """When DP-MERF is the run's method: secure aggregation needs noise to share."""
     check(
         not c.secure_aggregation or c.merf_noise_multiplier > 0,
         "merf_noise_multiplier",

@@ -166,11 +166,18 @@ def answer_queries(
 
 def answer_pending(pending: PendingAnswer, cfg: ExperimentConfig) -> GsAnswer:
     """The critic phase of one client alone, then its release."""
+    grads, stats = critic_phase(pending, cfg)
+    return finish_answer(pending, cfg, grads, stats)
+
+
+def critic_phase(pending: PendingAnswer, cfg: ExperimentConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One client's critic steps alone, then the queried batch's per-sample gradients (not yet
+    clipped or noised) and the last step's statistics."""
     B, state = pending.batch_size, pending.state
     with critic_graph.critic_session(state, cfg, B) as critic:
         stats = critic_steps(state, cfg, pending.critic_fakes, pending.critic_labels, B, critic)
         grads = critic.sample_grads(pending.fakes[-B:], pending.labels[-B:])
-    return finish_answer(pending, cfg, grads, stats)
+    return grads, stats
 
 
 def stacked_critic_phase(pending: list[PendingAnswer], cfg: ExperimentConfig) -> list[GsAnswer]:

@@ -33,6 +33,7 @@ class GsQuery:
     fake: np.ndarray
     labels: np.ndarray
     fake_encoding: str = ""
+    session: str = ""  # secure aggregation: deposit the answer for this secure sum instead of sending it
 
     def decoded(self, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh") -> GsQuery:
         """The query with its samples as float32 images and its labels as int64, validated against
@@ -58,11 +59,20 @@ class GsAnswer:
     noise_multiplier: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
     grad_encoding: str = ""
+    deposited: bool = False  # secure aggregation: the answer waits on the node for the secure sum
 
-    def decoded(self, *, batch_size: int, step: int, coords: int = 0) -> GsAnswer:
+    def decoded(self, *, batch_size: int, step: int, coords: int = 0, secure: bool = False) -> GsAnswer:
         """The answer with its gradients as float32 (None for a refusal), validated against the
         query it answers (``validate_answer``); ``coords`` > 0: gradients of that many coordinates
-        per sample (``--grad-dct``) instead of pixels."""
+        per sample (``--grad-dct``) instead of pixels; ``secure``: a deposit, no gradient sent."""
+        if secure and not self.refused:
+            if self.step != step:
+                raise PayloadError(f"answer is for step {self.step}, expected step {step}")
+            if not self.deposited or self.grad is not None:
+                raise PayloadError("a secure-aggregation answer is a deposit on the node, never a gradient sent")
+            if not self.noise_multiplier >= 0:
+                raise PayloadError(f"invalid privacy event: noise_multiplier={self.noise_multiplier}")
+            return self
         grad = validate_answer(self, batch_size=batch_size, step=step, coords=coords)
         return dataclasses.replace(self, grad=grad, grad_encoding="")
 

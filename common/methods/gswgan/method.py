@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..base import MethodBase, or_error
-from ..protocol import ClientNode, PriorReleases
+from ..protocol import ClientNode, PriorReleases, refusal
 from . import canary, options, privacy
 from .client import answer_queries, answer_query
 from .messages import MESSAGES, GsAnswer, GsQuery
+from .secure import secure_answer
 from .server import GsWganServer
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ class GsWgan(MethodBase):
     supports_dpac = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
 
     auditable = True
+    supports_secure_aggregation = True  # the step's m answers to one fake batch, summed securely
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
@@ -36,8 +38,14 @@ class GsWgan(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
+    def check_run(self, cfg: ExperimentConfig) -> None:
+        options.check_run(cfg)
+
     def release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.release_noise(cfg)
+
+    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
+        return privacy.planned_event(cfg, cfg.batch_size).noise_multiplier if cfg.secure_aggregation else 0.0
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
@@ -56,6 +64,11 @@ class GsWgan(MethodBase):
         """Answer one query on this node's client state; the release is charged to the node's ledger
         and the state written before the reply leaves."""
         state = node.load_state()
+        if node.cfg.secure_aggregation != bool(request.session):
+            why = "the query's secure-sum session does not match the run's secure-aggregation setting"
+            return refusal(GsAnswer, request.step, state.client_id, why)
+        if request.session:
+            return secure_answer(node, state, request)  # charged and persisted inside
         before = state.ledger.copy()
         answer = answer_query(state, node.cfg, request, node.policy)
         if not answer.refused:
@@ -69,6 +82,8 @@ class GsWgan(MethodBase):
         or data breaks its answer fails alone; an error outside any one client fails every node of
         the stacked phase, with its cause."""
         cfgs = [node.cfg for node in nodes]
+        if any(cfg.secure_aggregation for cfg in cfgs):  # each deposits on its own node: one by one
+            return super().answer_many(nodes, requests)
         states = [or_error(node.load_state) for node in nodes]
         ok = [i for i, state in enumerate(states) if not isinstance(state, Exception)]
         if len(ok) < 2 or not cfgs[ok[0]].stack_clients or any(cfgs[i] != cfgs[ok[0]] for i in ok):

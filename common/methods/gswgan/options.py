@@ -107,3 +107,23 @@ def validate(c: ExperimentConfig) -> None:
     check_all(c, ("lr_g", "lr_d"), lambda v: v > 0, "must be > 0")
     check(c.warmup_steps >= 0, "warmup_steps", c.warmup_steps, "must be >= 0")
     check(0 <= c.grad_dct <= 28, "grad_dct", c.grad_dct, "must be in [0, 28] (0: pixels)")
+
+
+def check_run(c: ExperimentConfig) -> None:
+    """When GS-WGAN is the run's method: a secure sum needs a step of at least 3 clients, noise to
+    share, and a threshold within the step."""
+    if not c.secure_aggregation:
+        return
+    check(
+        c.clients_per_step >= 3,
+        "clients_per_step",
+        c.clients_per_step,
+        "must be >= 3 with secure aggregation (the step's clients are the sum's cohort)",
+    )
+    check(
+        c.secagg_threshold <= c.clients_per_step,
+        "secagg_threshold",
+        c.secagg_threshold,
+        f"must be at most clients_per_step={c.clients_per_step} (the step's clients are the cohort)",
+    )
+    check(c.noise_multiplier > 0, "noise_multiplier", c.noise_multiplier, "must be > 0 with secure aggregation")

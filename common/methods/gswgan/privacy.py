@@ -18,6 +18,7 @@ import numpy as np
 from common.calibration import ledger_epsilon, smallest_noise
 from common.privacy import PrivacyEvent, PrivacyLedger, query_noise_multiplier
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
+from common.privacy.secure_release import fewest_survivors, release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
 
 if TYPE_CHECKING:
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
 RULE_PER_CLIENT = (
     "per-client, untrusted server: each answered query is one Gaussian mechanism with noise "
     "multiplier σ/√B (sensitivity 2C, noise std 2σC, B samples per query), composed over the "
+    "client's own queries without amplification"
+)
+RULE_PER_CLIENT_SECURE = (
+    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
+    "neighbourhood's secret-sharing threshold): each answered query is one Skellam mechanism on the sum of "
+    "the step's answers (Agarwal, Kairouz & Liu 2021; replace-one sensitivities of the client's rounded "
+    "answer, norm ≤ C√B before rounding), noise multiplier σ/√B in the Gaussian's units, composed over the "
     "client's own queries without amplification"
 )
 RULE_AMPLIFIED_WOR = (
@@ -42,8 +50,17 @@ HONEST_TAIL = 8.0
 
 def release_noise(cfg: ExperimentConfig) -> float:
     """The noise multiplier of each answer as the mechanism runs, σ/√B (what a node's minimum noise
-    is checked against: the server picks B, so σ alone would not bound it)."""
-    return query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+    is checked against: the server picks B, so σ alone would not bound it); through a secure sum, the
+    node's own share's, σ/√(B·t)."""
+    nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
+    if cfg.secure_aggregation:
+        return nm / math.sqrt(secure_survivors(cfg))
+    return nm
+
+
+def secure_survivors(cfg: ExperimentConfig) -> int:
+    """t of a step's secure sum over its m clients (``--secagg-threshold``, or ⌈2m/3⌉)."""
+    return fewest_survivors(cfg.clients_per_step, cfg.secagg_threshold)
 
 
 def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
@@ -63,6 +80,10 @@ def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
     """The mechanism one answer runs, as it will be recorded: a Gaussian with noise multiplier
     sigma/sqrt(B), void when the run uses a non-private option its nodes allowed."""
     nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=batch_size)
+    if cfg.secure_aggregation:  # the step's sum, against a server that runs the protocol
+        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
+
+        return release_events(plan(cfg), client_void(cfg))[0]
     return PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
 
 
@@ -72,7 +93,17 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     sampled more often than expected refuses instead of exceeding it."""
     target = cfg.target_epsilon
     queries = math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants()))
-    per_query = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, max(queries, 1), cfg.delta), target)
+    if cfg.secure_aggregation:  # the sums' Skellam, against a server that runs the protocol
+        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
+
+        def epsilon(nm: float) -> float:
+            return PrivacyLedger([plan(cfg, noise_multiplier=nm).protocol_event(max(queries, 1))]).epsilon(
+                delta=cfg.delta
+            )
+
+        per_query = smallest_noise(epsilon, target)
+    else:
+        per_query = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, max(queries, 1), cfg.delta), target)
     budget = min(cfg.client_epsilon_budget or target, target)
     return cfg.replace(noise_multiplier=per_query * math.sqrt(cfg.batch_size), client_epsilon_budget=budget)
 
@@ -146,6 +177,19 @@ def statement(
     include (the debugging task's selection query)."""
     delta, accountant = cfg.delta, cfg.accountant
     per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
+    if cfg.secure_aggregation:
+        t = secure_survivors(cfg)
+        secure = (
+            f"Secure aggregation: the {cfg.clients_per_step} clients of a step answered the same fake batch and "
+            f"never sent their answers: each deposited its clipped gradients, scaled to integers and rounded to a "
+            f"fixed norm, with a Skellam share of the noise (Sk(μ/{t})), and the server saw only the SecAgg+ sum of "
+            f"at least {t} answers, which carries Sk(μ), noise multiplier σ/√B. The per-client ε below holds "
+            "against a server that runs that protocol; against one that deviates only a client's own share protects "
+            "it (the figure beside it in the report). No amplification by sampling is claimed."
+        )
+        parts = [*_released_sentences(cfg), secure, per_client, f"Rule: {RULE_PER_CLIENT_SECURE}."]
+        parts += [prior] if prior else []
+        return assemble(list(ledgers.values()), parts, worst)
     amplified = _amplified_sentence(server, worst, delta=delta, accountant=accountant)
     parts = [*_released_sentences(cfg), per_client, f"Rule: {RULE_PER_CLIENT}."]
     parts += [amplified, f"Rule: {RULE_AMPLIFIED_WOR}."] + ([prior] if prior else [])

@@ -18,6 +18,7 @@ Privacy records, all ledgers (``common/privacy``):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,10 +29,20 @@ from common.privacy import PrivacyEvent, PrivacyLedger, Sampler
 from common.privacy.statement import KIND_AMPLIFIED, KIND_PER_CLIENT, server_entry
 
 from ..base import ServerBase
-from ..protocol import PriorReleases, Reply, StepOutcome
+from ..protocol import PriorReleases, Reply, StepOutcome, SumRequest, SumResult
+from ..secure_sums import KIND_SECURE_SUM, SecureSums
 from .generator import ServerGenerator
 from .messages import GsAnswer, GsQuery
-from .privacy import RULE_AMPLIFIED_WOR, RULE_PER_CLIENT, implausible_norms, planned_event, statement
+from .privacy import (
+    RULE_AMPLIFIED_WOR,
+    RULE_PER_CLIENT,
+    RULE_PER_CLIENT_SECURE,
+    client_void,
+    implausible_norms,
+    planned_event,
+    statement,
+)
+from .secure import plan as secure_plan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,6 +66,10 @@ class GsWganServer(ServerBase):
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
         self.planned = planned_event(cfg, cfg.batch_size)
+        self.secure = SecureSums(cfg, secure_plan(cfg), client_void(cfg)) if cfg.secure_aggregation else None
+        self._selected = 0
+        if self.secure:
+            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_PER_CLIENT_SECURE
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
@@ -76,6 +91,12 @@ class GsWganServer(ServerBase):
         if not self.generator.public_warmed:
             self.generator.public_warm_start()
         self._attached = {}
+        self._selected = len(nodes)
+        if self.secure and nodes:  # one fake batch for the step's m clients, one secure sum of their answers
+            fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
+            self._attached = {-1: attached}
+            query = dataclasses.replace(self._query(step, fakes, labels), session=self.secure.open(step, nodes, "gs"))
+            return [(node, query) for node in nodes]
         out = []
         for node in nodes:
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
@@ -101,15 +122,26 @@ class GsWganServer(ServerBase):
         )
 
     def expectations(self, step: int) -> dict[str, Any]:
-        return {"batch_size": self.cfg.batch_size, "step": step, "coords": self.cfg.grad_dct**2}
+        return {
+            "batch_size": self.cfg.batch_size,
+            "step": step,
+            "coords": self.cfg.grad_dct**2,
+            "secure": self.secure is not None,
+        }
 
     def on_lost(self, reply: Reply) -> None:
         self.charge(reply.node, self.planned)  # it may have answered, and charged itself, anyway
+        if self.secure:
+            self.secure.charge_own(self.client_of(reply.node))
 
     def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> tuple[torch.Tensor, Any] | None:
         """Charge the answer (the smaller noise multiplier of what was asked and what the client says
         it ran); its gradients and the batch they belong to, unless no honest client sends them."""
         answer: GsAnswer = reply.payload
+        if self.secure:  # a deposit: charged as the plan fixes, whatever the node says
+            self.charge(reply.node, self.planned)
+            self.secure.deposited(reply.node, self.client_of(reply.node))
+            return reply.node
         nm = min(self.planned.noise_multiplier, answer.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         grad: np.ndarray = answer.grad
@@ -121,6 +153,8 @@ class GsWganServer(ServerBase):
         return self._attached[reply.node], torch.from_numpy(grad), stats
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
+        if self.secure:
+            return  # the answers wait on the nodes: the step's secure sum follows (``absorb_sums``)
         self._attached = {}
         if not accepted:
             return
@@ -133,13 +167,33 @@ class GsWganServer(ServerBase):
         else:
             outcome.notes.append(f"step {step}: the generator's gradient was not finite; step skipped")
 
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        return self.secure.requests() if self.secure else []
+
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
+        """The revealed sum of the step's answers through G, divided by B·m (every sampled client)."""
+        attached, self._attached = self._attached.get(-1), {}
+        total, _ = self.secure.total(results, outcome)
+        if total is None or attached is None:
+            return
+        B = self.cfg.batch_size
+        grads = torch.from_numpy(total.reshape(B, -1) if self.cfg.grad_dct else total.reshape(B, 1, 28, 28)).float()
+        if self.generator.apply([attached], [grads], divisor=B * self._selected):
+            self.steps_done += 1
+            outcome.took_step = True
+        else:
+            outcome.notes.append(f"step {step}: the generator's gradient was not finite; step skipped")
+
     def released_generator(self) -> nn.Module:
         return self.generator.ema.module
 
     # --- the report ------------------------------------------------------------------------------
     def beside(self, *, final: bool) -> dict[str, Any]:
-        """The amplified ε from the server's own ledger of its sampling."""
+        """The amplified ε from the server's own ledger of its sampling (secure aggregation: the ε
+        against a server that deviates, from the records of the clients' own shares)."""
         cfg = self.cfg
+        if self.secure:
+            return self.secure.beside(range(cfg.num_clients), final=final)
         return server_entry(
             self.server_ledger,
             delta=cfg.delta,
@@ -151,7 +205,8 @@ class GsWganServer(ServerBase):
 
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
-        return {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip, "m per step": cfg.clients_per_step}
+        out = {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip, "m per step": cfg.clients_per_step}
+        return {**out, **(self.secure.mechanism() if self.secure else {})}
 
     def parameters(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -164,6 +219,7 @@ class GsWganServer(ServerBase):
             "wire_compression": cfg.wire_compression,
             "critic_fakes": cfg.critic_fakes,
             "client_stats": cfg.client_stats,
+            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
@@ -177,6 +233,7 @@ class GsWganServer(ServerBase):
             "server_ledger": self.server_ledger.state_dict(),
             "sampler": self.sampler.state_dict(),
             "steps_done": self.steps_done,
+            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -189,6 +246,8 @@ class GsWganServer(ServerBase):
         else:  # its sampling was not recorded: claim no amplification for those steps (conservative)
             self.server_ledger = PrivacyLedger([self.planned.times(self.steps_done)] if self.steps_done else [])
         self.sampler.load_state_dict(state.get("sampler", {}))
+        if self.secure and "secure_sums" in state:
+            self.secure.load_state_dict(state["secure_sums"])
 
 
 def requested_stats(stats: dict[str, float], asked: bool) -> dict[str, float]:
