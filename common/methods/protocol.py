@@ -189,11 +189,12 @@ class Method(Protocol):
     method), ``supports_secure_aggregation`` and ``protocol_release_noise`` (False / 0: its releases
     never go through a secure sum; else ``release_noise`` is a node's own share's and this the
     revealed sum's), ``min_client_images`` (batch_size images per client), ``client_critic_lr``
-    (None: its clients keep no private discriminator), ``generator_updates`` (one per step), ``check_sizes`` (no check against the data),
-    ``node_ledger`` (None: the client's own ledger is what the node released), ``answer_many``
-    (one request after another), ``auditable`` and ``canary_score`` (False / none: ``fedgan audit``
-    has no white-box canary for it; else one canary client's releases through the method's own code,
-    its input ``sign·magnitude`` clip bounds along one coordinate, and the attacker's score).
+    (None: its clients keep no private discriminator), ``generator_updates`` (one per step),
+    ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own ledger is
+    what the node released), ``answer_many`` (one request after another), ``auditable`` and
+    ``canary_score`` (False / none: ``fedgan audit`` has no white-box canary for it; else one canary
+    client's releases through the method's own code, its input ``sign·magnitude`` clip bounds along
+    one coordinate, and the attacker's score).
     """
 
     name: str
