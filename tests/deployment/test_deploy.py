@@ -239,3 +239,17 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     assert str(policy) in result.stderr
     assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("deploy/nodes/*/state/client-*.pt"))
     assert_all_stopped(started_pids(run_dir))
+
+
+def test_a_secure_sum_runs_over_the_deployments_data_plane(tmp_path):
+    """DP-MERF through a secure sum in a real local deployment: SuperLink, three SuperNodes, and the
+    four rounds over the data plane's streams, each node's secrets in its worker's persistent Context."""
+    run_dir = tmp_path / "secure"
+    flags = ["--strategy", "dp-merf", "--merf-features", "20", "--secure-aggregation", "--secagg-cohort", "3"]
+    result = fedgan("deploy", "--local", *TINY, *flags, "--steps", "2", "--out", str(run_dir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["deployment"]["supernodes"] == 3
+    sums = summary["method"]["dp-merf"]["secure_aggregation"]["sums"]
+    assert [(s["inputs"], s["aborted"]) for s in sums] == [(3, "")]
+    assert summary["epsilon_amplified"]["kind"] == "per client, server deviates from the secure sum"
