@@ -124,3 +124,24 @@ def test_byte_lists_pack_and_unpack_and_lying_lengths_are_caught() -> None:
     with pytest.raises(SecAggError):
         secagg.unpack_bytes(flat, lengths + 1)
     assert secagg.session_problem("ok-1:2.x_") == "" and secagg.session_problem("a/b")
+
+
+def test_cohorts_split_every_node_once_into_c_to_2c_minus_1() -> None:
+    from common.secagg import split_cohorts
+
+    nodes = [(1 << 63) + i for i in range(3_400)]  # Flower's node ids are 64-bit unsigned
+    parts = split_cohorts(nodes, 1000, np.random.default_rng(0))
+    assert sorted(n for part in parts for n in part) == nodes
+    assert len(parts) == 3 and all(1000 <= len(p) <= 1999 for p in parts)
+    assert split_cohorts(nodes[:10], 1000, np.random.default_rng(0)) == [nodes[:10]]  # fewer than c: one cohort
+    assert split_cohorts([], 5, np.random.default_rng(0)) == []
+
+
+def test_a_cohorts_graph_is_complete_when_small_and_sparse_with_a_majority_when_large() -> None:
+    from common.secagg import cohort_graph, majority_threshold, sparse_degree
+
+    assert cohort_graph(10, 0, 7) == (9, 7)  # complete: the sum's floor is the sharing threshold
+    assert cohort_graph(10, 0, 3) == (9, majority_threshold(9))  # never below a strict majority
+    assert cohort_graph(1000, 0, 667) == (sparse_degree(1000), majority_threshold(sparse_degree(1000)))
+    assert cohort_graph(100, 9, 60) == (10, majority_threshold(10))  # an odd degree asked is made even
+    assert cohort_graph(8, 50, 6) == (7, 6)  # a degree at or above the complete graph's is the complete graph
