@@ -86,3 +86,13 @@ def test_gswgan_canaries_answer_through_the_clients_own_sanitizer_and_wire(grad_
     result = audit(config, canaries=400, releases=50)
     assert result["ledger_releases"] >= 3 and not result["violated"]
     assert result["epsilon_ledger"] == pytest.approx(10.0, abs=0.5) and result["mu_lower"] > 0
+
+
+def test_a_secure_aggregation_run_is_not_audited_with_the_wrong_mechanism():
+    secure = prepare(
+        ExperimentConfig(
+            strategy="dp-merf", model="tiny", merf_features=10, target_epsilon=10.0, secure_aggregation=True
+        )
+    )
+    with pytest.raises(ValueError, match="does not cover releases through secure sums"):
+        audit(secure, canaries=10, releases=1)
