@@ -73,3 +73,17 @@ def test_what_a_secure_step_needs_is_checked_up_front(tmp_path, changes, field) 
 def test_a_method_without_a_secure_form_refuses_the_flag(tmp_path) -> None:
     with pytest.raises(ConfigError, match="secure_aggregation.*no secure-aggregation form"):
         tiny_cfg(tmp_path / "run", strategy="dpgan", secure_aggregation=True)
+
+
+def test_the_server_asks_no_client_whose_budget_one_more_answer_would_break(tmp_path) -> None:
+    """With secure sums a refusal wastes the step's other answers (charged, and the sum may fall
+    below t): the server samples only clients its records keep within the run's budget, so a run
+    that spends every budget ends without a refusal or an aborted sum."""
+    cfg = secure_cfg(tmp_path / "run", steps=12, target_epsilon=30.0)
+    run = RunDirectory.create(cfg)
+    transport = InProcessTransport(client_app, cfg.num_clients, node_state=tmp_path / "nodes")
+    summary = run_experiment(cfg, run, transport, transport_name="inprocess")
+    sums = summary["method"]["gswgan"]["secure_aggregation"]["sums"]
+    assert sums and not any(s["aborted"] for s in sums) and all(s["inputs"] == 3 for s in sums)
+    assert not any("refuses" in note for note in summary.get("notes", []))
+    assert all(c["epsilon"] <= 30.0 + 1e-6 for c in summary["clients"])

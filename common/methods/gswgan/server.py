@@ -75,6 +75,10 @@ class GsWganServer(ServerBase):
     def select_nodes(self, available: list[int]) -> list[int]:
         """m of the available nodes, uniformly without replacement, from the secret sampler; the
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
+        if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
+            available = self._within_budget(available)
+            if len(available) < self.secure.plan.threshold:
+                return []  # no sum of t could be revealed: the run ends here, nobody is charged for nothing
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         self.server_ledger.record(
             PrivacyEvent(
@@ -86,6 +90,21 @@ class GsWganServer(ServerBase):
             )
         )
         return chosen
+
+    def _within_budget(self, available: list[int]) -> list[int]:
+        """The available nodes whose client one more answer keeps within the run's budget, by the
+        server's own record of it (the larger of what it charged and what the client reported); the
+        client still checks its own ledgers. With secure sums a refusal is not free: the step's
+        other clients have deposited, and been charged, for a sum that may then fall below t."""
+        budget = self.cfg.client_epsilon_budget
+        if budget <= 0:
+            return available
+        delta, event = self.cfg.delta, self.planned
+        return [
+            n
+            for n in available
+            if not self.records.ledger_of(self.client_of(n)).would_exceed(budget=budget, delta=delta, next_event=event)
+        ]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, GsQuery]]:
         if not self.generator.public_warmed:
