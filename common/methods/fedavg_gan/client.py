@@ -10,7 +10,20 @@ from torch import Tensor, nn
 from common.losses import critic_step
 from common.models import build_discriminator, build_generator, device_of, on_cpu, sample_latent
 
-from .dp_fedavg import Delta, flatten_delta
+from .dp_fedavg import Delta, flatten_delta, weights_only
+
+CLIENT_OPTIMIZERS = ("sgd", "adam")
+DELTA_SCOPES = ("state", "weights")
+
+
+def local_optimizer(params, name: str, *, lr: float, betas: tuple[float, float]) -> torch.optim.Optimizer:
+    """The client's optimizer of D, fresh each round: SGD as in Augenstein et al., or Adam (its
+    moments start from zero every round: a client keeps nothing between rounds)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas)
+    raise ValueError(f"unknown client optimizer {name!r}, choose one of {CLIENT_OPTIMIZERS}")
 
 
 @torch.no_grad()
@@ -35,6 +48,9 @@ def client_update(
     batch_size: int = 32,
     gp_weight: float = 10.0,
     drift: float = 1e-3,
+    optimizer: str = "sgd",
+    betas: tuple[float, float] = (0.5, 0.9),
+    scope: str = "state",
     generator: torch.Generator,
     device: torch.device | str = "cpu",
 ) -> Delta:
@@ -45,8 +61,12 @@ def client_update(
     eval mode under ``no_grad``, so it is never changed. The delta covers D's whole state,
     buffers included (see :func:`flatten_delta`); clipping and noise happen on the server. The
     networks train on ``device``; ``generator`` (the round's public seed) stays on the CPU and the
-    delta comes back on the CPU, ready for the wire.
+    delta comes back on the CPU, ready for the wire. ``optimizer`` (``local_optimizer``) and
+    ``scope``: ``state`` (every floating-point entry) or ``weights`` (parameters only, see
+    :func:`weights_only`) are Fed-Avg's levers; the defaults are the paper's.
     """
+    if scope not in DELTA_SCOPES:
+        raise ValueError(f"unknown delta scope {scope!r}, choose one of {DELTA_SCOPES}")
     if real_images.shape[0] != real_labels.shape[0] or real_images.shape[0] == 0:
         raise ValueError("real_images and real_labels must be non-empty and equally long")
     G = build_generator(preset, z_dim=z_dim, num_classes=num_classes).to(device)
@@ -55,14 +75,14 @@ def client_update(
     D = build_discriminator(preset, num_classes=num_classes).to(device)
     D.load_state_dict(D_state)
     D.train()
-    optimizer = torch.optim.SGD(D.parameters(), lr=lr)
+    opt = local_optimizer(D.parameters(), optimizer, lr=lr, betas=betas)
     order = torch.randperm(real_images.shape[0], generator=generator)
     for batch in order.split(batch_size)[:local_steps]:
         fake, fake_y = _fakes(G, len(batch), z_dim=z_dim, num_classes=num_classes, generator=generator)
         real, real_y = real_images[batch].to(device), real_labels[batch].to(device)
         critic_step(
             D,
-            optimizer,
+            opt,
             real,
             real_y,
             fake,
@@ -71,4 +91,5 @@ def client_update(
             drift=drift,
             generator=generator,
         )
-    return on_cpu(flatten_delta(D_state, D.state_dict()))
+    delta = flatten_delta(D_state, D.state_dict())
+    return on_cpu(weights_only(delta, D) if scope == "weights" else delta)

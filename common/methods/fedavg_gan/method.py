@@ -65,6 +65,9 @@ class FedAvgGan(MethodBase):
             batch_size=cfg.batch_size,
             gp_weight=cfg.gp_weight,
             drift=cfg.drift,
+            optimizer=cfg.fedavg_client_optimizer,
+            betas=(cfg.beta1, cfg.beta2),
+            scope=cfg.fedavg_delta,
             generator=torch.Generator().manual_seed(request.seed),
             device=resolve_device(cfg.device),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.options import check, check_all, option
+from common.options import check, check_all, check_choice, option
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -30,6 +30,23 @@ class Options:
     fedavg_noise_multiplier: float = option(
         0.01, "fedavg-gan: noise multiplier z (noise std zS on the sum of clipped deltas)"
     )
+    # The levers below cost no privacy (the mechanism on the delta, and so the ledger, is the same);
+    # their defaults are the paper's setting. bench/results/fedavg-levers.md measures each.
+    fedavg_delta: str = option(
+        "state",
+        "fedavg-gan: what a client's delta covers: state (D's whole floating-point state, spectral "
+        "norm's power-iteration vectors included) or weights (D's parameters only; the server runs "
+        "the power iteration on its averaged weights itself)",
+    )
+    fedavg_client_optimizer: str = option(
+        "sgd", "fedavg-gan: clients' optimizer of D, fresh each round: sgd or adam (betas beta1, beta2)"
+    )
+    fedavg_g_optimizer: str = option(
+        "sgd", "fedavg-gan: server's optimizer of G: sgd or adam (betas beta1, beta2; its moments kept across rounds)"
+    )
+    fedavg_power_iterations: int = option(
+        5, "fedavg-gan: with fedavg-delta = weights, the server's power iterations of D's spectral norm per round"
+    )
 
 
 def validate(c: ExperimentConfig) -> None:
@@ -42,4 +59,7 @@ def validate(c: ExperimentConfig) -> None:
             f"more than the {len(c.participants())} clients taking part",
         )
     check_all(c, ("fedavg_lr_d", "fedavg_lr_g", "fedavg_clip"), lambda v: v > 0, "must be > 0")
-    check_all(c, ("fedavg_noise_multiplier",), lambda v: v >= 0, "must be >= 0")
+    check_all(c, ("fedavg_noise_multiplier", "fedavg_power_iterations"), lambda v: v >= 0, "must be >= 0")
+    check_choice(c, "fedavg_delta", ("state", "weights"))
+    check_choice(c, "fedavg_client_optimizer", ("sgd", "adam"))
+    check_choice(c, "fedavg_g_optimizer", ("sgd", "adam"))

@@ -27,7 +27,7 @@ from common.public_warmup import warm_gan_on_public
 
 from ..base import ServerBase
 from ..protocol import Reply, StepOutcome
-from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta
+from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
 from .privacy import RAW_DELTA, RULE_FEDAVG_UNTRUSTED, RULE_FEDAVG_USER, statement
 
@@ -48,6 +48,7 @@ class FedAvgServer(ServerBase):
         self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(device)
         self.discriminator = build_discriminator(cfg.model, num_classes=num_classes).to(device)
         self.ema = GeneratorEMA(self.generator, decay=cfg.ema_decay)
+        self.g_optimizer = generator_optimizer(self.generator, cfg)
         self.rng = torch.Generator().manual_seed(cfg.seed)  # public: latents, labels, clients' data order
         self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
         self.population = len(cfg.participants())
@@ -97,10 +98,15 @@ class FedAvgServer(ServerBase):
             self.charge(node, RAW_DELTA)
         return out
 
-    def expectations(self, step: int) -> dict[str, Any]:
-        """A delta must fit D: the shapes of its floating-point entries."""
+    def _template(self) -> dict[str, torch.Tensor]:
+        """What a delta covers: D's floating-point state, or its weights only (``fedavg_delta``)."""
         state = self.discriminator.state_dict()
-        return {"step": step, "shapes": {name: tuple(t.shape) for name, t in flatten_delta(state, state).items()}}
+        template = flatten_delta(state, state)
+        return weights_only(template, self.discriminator) if self.cfg.fedavg_delta == "weights" else template
+
+    def expectations(self, step: int) -> dict[str, Any]:
+        """A delta must fit D: the shapes of the entries it covers."""
+        return {"step": step, "shapes": {name: tuple(t.shape) for name, t in self._template().items()}}
 
     def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> dict[str, torch.Tensor]:
         return reply.payload.delta
@@ -110,11 +116,10 @@ class FedAvgServer(ServerBase):
         noised D, also one whose sampled clients all failed or that sampled nobody: a lost or
         malformed delta contributes nothing, as a client that was not sampled (the sum's
         sensitivity is S per client whatever the others sent), and its sender stays charged."""
-        state = self.discriminator.state_dict()
         try:
             update, info = aggregate_deltas(
                 accepted,
-                template=flatten_delta(state, state),
+                template=self._template(),
                 clip_norm=self.cfg.fedavg_clip,
                 noise_multiplier=self.cfg.fedavg_noise_multiplier,
                 num_sampled=self.cfg.fedavg_clients_per_round,
@@ -124,19 +129,31 @@ class FedAvgServer(ServerBase):
             outcome.notes.append(f"round {step} dropped: {err}")
             return
         self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
-        apply_delta(self.discriminator, update)
+        self._apply(update)
         outcome.metrics = {f"train/{k}": float(v) for k, v in self._generator_steps().items()}
         outcome.metrics["train/clients_sampled"] = float(len(replies))
         self.ema.update(self.generator)
         self.rounds_done += 1
         outcome.took_step = True
 
+    def _apply(self, update: dict[str, torch.Tensor]) -> None:
+        """Add the averaged delta to D; a weights-only delta leaves D's power-iteration vectors to
+        the server, which advances them on the new weights (post-processing)."""
+        if self.cfg.fedavg_delta == "weights":
+            D = self.discriminator
+            with torch.no_grad():
+                for name, param in D.named_parameters():
+                    param.add_(update[name].to(device=param.device, dtype=param.dtype))
+            refresh_power_iteration(D, iterations=self.cfg.fedavg_power_iterations)
+        else:
+            apply_delta(self.discriminator, update)
+
     def _generator_steps(self) -> dict[str, float]:
         return server_generator_steps(
             self.generator,
             self.discriminator,
             steps=self.cfg.server_g_steps,
-            lr=self.cfg.fedavg_lr_g,
+            optimizer=self.g_optimizer,
             batch_size=self.cfg.batch_size,
             z_dim=self.cfg.z_dim,
             num_classes=self.num_classes,
@@ -182,6 +199,9 @@ class FedAvgServer(ServerBase):
             "noise_multiplier": cfg.fedavg_noise_multiplier,
             "local_steps": cfg.local_steps,
             "server_g_steps": cfg.server_g_steps,
+            "delta": cfg.fedavg_delta,
+            "client_optimizer": cfg.fedavg_client_optimizer,
+            "g_optimizer": cfg.fedavg_g_optimizer,
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
@@ -199,6 +219,7 @@ class FedAvgServer(ServerBase):
             "records": self.records.state_dict(),
             "sampler": self.sampler.state_dict(),
             "public_warmed": self.public_warmed,
+            "g_optimizer": self.g_optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -210,6 +231,8 @@ class FedAvgServer(ServerBase):
         self.records.load_state_dict(state.get("records", {}))
         self.sampler.load_state_dict(state.get("sampler", {}))
         self.public_warmed = bool(state.get("public_warmed", True))
+        if "g_optimizer" in state:  # a checkpoint from before it held the generator's optimizer: fresh
+            self.g_optimizer.load_state_dict(state["g_optimizer"])
         if "server_ledger" in state:
             self.server_ledger = PrivacyLedger.from_state_dict(state["server_ledger"])
         else:  # a checkpoint from before the server's ledger: those rounds without amplification
@@ -218,18 +241,28 @@ class FedAvgServer(ServerBase):
 
 
 # --- generator steps against the updated D ---------------------------------------------------------
+def generator_optimizer(G: nn.Module, cfg: ExperimentConfig) -> torch.optim.Optimizer:
+    """The server's optimizer of G (``fedavg_g_optimizer``), kept across rounds: SGD at
+    ``fedavg_lr_g`` as in Augenstein et al., or Adam (betas ``beta1``, ``beta2``)."""
+    if cfg.fedavg_g_optimizer == "adam":
+        return torch.optim.Adam(G.parameters(), lr=cfg.fedavg_lr_g, betas=(cfg.beta1, cfg.beta2))
+    return torch.optim.SGD(G.parameters(), lr=cfg.fedavg_lr_g)
+
+
 def server_generator_steps(
     G: nn.Module,
     D: nn.Module,
     *,
     steps: int = 6,
     lr: float = 5e-3,
+    optimizer: torch.optim.Optimizer | None = None,
     batch_size: int = 32,
     z_dim: int,
     num_classes: int,
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """``steps`` SGD steps on G minimizing ``-mean D(G(z, y), y)`` with uniform labels.
+    """``steps`` steps on G minimizing ``-mean D(G(z, y), y)`` with uniform labels: of
+    ``optimizer`` (the server's, its state kept across rounds), else of a fresh SGD at ``lr``.
 
     Post-processing of the privatized D, so it costs no privacy. D is held in eval mode with its
     parameters frozen for the duration (its power-iteration buffers are not advanced, so D is
@@ -238,7 +271,7 @@ def server_generator_steps(
     was_training = D.training
     flags = [p.requires_grad for p in D.parameters()]
     D.eval().requires_grad_(False)
-    optimizer = torch.optim.SGD(G.parameters(), lr=lr)
+    optimizer = optimizer if optimizer is not None else torch.optim.SGD(G.parameters(), lr=lr)
     device = device_of(G)
     G.train()
     losses: list[float] = []
