@@ -196,7 +196,7 @@ def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict]
     A method whose clients are unbounded against the server (Fed-Avg's raw deltas) headlines the
     server's own ledger; the others headline their clients' ledgers (the largest one counts).
     """
-    if method(strategy).unbounded_against_server:
+    if method(strategy).unbounded_against_server and privacy.get("epsilon_kind") != KIND_SECURE_SUM:
         amplified = privacy["epsilon_amplified"]
         return [amplified["ledger"]], [amplified["epsilon"]]
     queried = [c for c in privacy["clients"] if c["queries"]]
@@ -269,6 +269,7 @@ def one_point(
 
 
 SECURE_UNIT = "per-client, server runs the secure sum"
+KIND_SECURE_SUM = "per client, server runs the secure sum"  # privacy.json's epsilon_kind of a secure run
 
 
 def point_from_run(strategy: str, target: float, out: Path, wall: float | None) -> dict[str, Any]:

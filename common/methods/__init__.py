@@ -94,7 +94,8 @@ def run_terms(cfg: ExperimentConfig) -> RunTerms:
     return RunTerms(
         release_noise=run_method.release_noise(cfg),
         protocol_release_noise=run_method.protocol_release_noise(cfg),
-        unbounded_against_server=run_method.unbounded_against_server,
+        # through a secure sum a client's delta is clipped and noised on the node: bounded against the server
+        unbounded_against_server=run_method.unbounded_against_server and not cfg.secure_aggregation,
         nonprivate_options=tuple(run_method.nonprivate_options(cfg)),
     )
 

@@ -20,6 +20,7 @@ class FedAvgRound:
     seed: int
     generator: StateDict
     discriminator: StateDict
+    session: str = ""  # secure aggregation: deposit the delta for this secure sum instead of sending it
 
 
 @dataclass
@@ -31,13 +32,20 @@ class FedAvgReply:
     delta: StateDict | None = None
     refused: bool | None = None
     reason: str | None = None
+    deposited: bool | None = None  # secure aggregation: the delta waits on the node for the secure sum
 
-    def decoded(self, *, step: int, shapes: dict[str, tuple[int, ...]] | None = None) -> FedAvgReply:
+    def decoded(
+        self, *, step: int, shapes: dict[str, tuple[int, ...]] | None = None, secure: bool = False
+    ) -> FedAvgReply:
         """The reply checked against the round it answers and, given ``shapes`` (D's floating-point
         entries), against D: a delta that does not fit is this sender's malformed reply."""
         if self.step != step:
             raise PayloadError(f"the delta is for round {self.step}, expected round {step}")
         if self.refused:
+            return self
+        if secure:
+            if not self.deposited or self.delta is not None:
+                raise PayloadError("a secure-aggregation reply is a deposit on the node, never a delta sent")
             return self
         if self.delta is None:
             raise PayloadError("the reply carries no delta")

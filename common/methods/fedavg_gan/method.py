@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,14 +11,15 @@ from common.data import num_classes_for
 from common.device import resolve_device
 
 from ..base import MethodBase
-from ..protocol import ClientNode, PriorReleases
-from . import options, privacy
+from ..protocol import ClientNode, PriorReleases, refusal
+from . import options, privacy, secure
 from .client import client_update
 from .messages import MESSAGES, FedAvgReply, FedAvgRound
 from .privacy import RAW_DELTA
 from .server import FedAvgServer
 
 if TYPE_CHECKING:
+    from common.client_state import ClientState
     from common.methods import ExperimentConfig
 
 
@@ -27,17 +29,28 @@ class FedAvgGan(MethodBase):
     messages = MESSAGES
     step_label = "rounds"
     unbounded_against_server = True  # clients send raw deltas: a node with a finite max-epsilon refuses
+    supports_secure_aggregation = True  # a round's deltas summed securely, each client adding a noise share
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
+    def check_run(self, cfg: ExperimentConfig) -> None:
+        options.check_run(cfg)
+
     def release_noise(self, cfg: ExperimentConfig) -> float:
+        if cfg.secure_aggregation:  # the node's own share: z/√t
+            return cfg.fedavg_noise_multiplier / math.sqrt(secure.fewest_survivors(cfg))
         return privacy.release_noise(cfg)
+
+    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
+        return cfg.fedavg_noise_multiplier if cfg.secure_aggregation else 0.0
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
     def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+        if cfg.secure_aggregation:
+            return secure.calibrate(cfg)
         return privacy.calibrate(cfg, pooled_size=pooled_size)
 
     def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:
@@ -49,32 +62,43 @@ class FedAvgGan(MethodBase):
 
     def answer(self, node: ClientNode, request: FedAvgRound) -> FedAvgReply:
         """A few local WGAN-GP steps on the received D; the reply is the raw delta, which the
-        client's own ledger (and the node's) records as a release without noise."""
+        client's own ledger (and the node's) records as a release without noise (secure
+        aggregation: the clipped delta deposited with a noise share, ``secure.py``)."""
         cfg, state = node.cfg, node.load_state()
+        if cfg.secure_aggregation != bool(request.session):
+            why = "the round's secure-sum session does not match the run's secure-aggregation setting"
+            return refusal(FedAvgReply, request.step, state.client_id, why)
+        if request.session:
+            return secure.secure_answer(node, state, request, lambda s: local_delta(cfg, s, request))
         before = state.ledger.copy()
-        delta = client_update(
-            request.generator,
-            request.discriminator,
-            preset=cfg.model,
-            num_classes=num_classes_for(cfg),
-            z_dim=cfg.z_dim,
-            real_images=state.data.images,
-            real_labels=state.data.labels,
-            local_steps=cfg.local_steps,
-            lr=cfg.fedavg_lr_d,
-            batch_size=cfg.batch_size,
-            gp_weight=cfg.gp_weight,
-            drift=cfg.drift,
-            optimizer=cfg.fedavg_client_optimizer,
-            betas=(cfg.beta1, cfg.beta2),
-            scope=cfg.fedavg_delta,
-            generator=torch.Generator().manual_seed(request.seed),
-            device=resolve_device(cfg.device),
-        )
+        delta = local_delta(cfg, state, request)
         state.ledger.record(RAW_DELTA)
         state.version += 1
         node.record_release(state, before)
         return FedAvgReply(step=request.step, delta={k: v.contiguous() for k, v in delta.items()})
+
+
+def local_delta(cfg: ExperimentConfig, state: ClientState, request: FedAvgRound) -> dict[str, torch.Tensor]:
+    """This client's local steps on the received D: its raw delta."""
+    return client_update(
+        request.generator,
+        request.discriminator,
+        preset=cfg.model,
+        num_classes=num_classes_for(cfg),
+        z_dim=cfg.z_dim,
+        real_images=state.data.images,
+        real_labels=state.data.labels,
+        local_steps=cfg.local_steps,
+        lr=cfg.fedavg_lr_d,
+        batch_size=cfg.batch_size,
+        gp_weight=cfg.gp_weight,
+        drift=cfg.drift,
+        optimizer=cfg.fedavg_client_optimizer,
+        betas=(cfg.beta1, cfg.beta2),
+        scope=cfg.fedavg_delta,
+        generator=torch.Generator().manual_seed(request.seed),
+        device=resolve_device(cfg.device),
+    )
 
 
 METHOD = FedAvgGan()

@@ -63,3 +63,26 @@ def validate(c: ExperimentConfig) -> None:
     check_choice(c, "fedavg_delta", ("state", "weights"))
     check_choice(c, "fedavg_client_optimizer", ("sgd", "adam"))
     check_choice(c, "fedavg_g_optimizer", ("sgd", "adam"))
+
+
+def check_run(c: ExperimentConfig) -> None:
+    """When Fed-Avg is the run's method: a round's secure sum needs at least 3 clients, a threshold
+    within the round, and noise to share."""
+    if not c.secure_aggregation:
+        return
+    m = c.fedavg_clients_per_round
+    check(
+        m >= 3, "fedavg_clients_per_round", m, "must be >= 3 with secure aggregation (a round's clients are its cohort)"
+    )
+    check(
+        c.secagg_threshold <= m,
+        "secagg_threshold",
+        c.secagg_threshold,
+        f"must be at most fedavg_clients_per_round={m} (a round's clients are the cohort)",
+    )
+    check(
+        c.fedavg_noise_multiplier > 0,
+        "fedavg_noise_multiplier",
+        c.fedavg_noise_multiplier,
+        "must be > 0 with secure aggregation",
+    )

@@ -29,6 +29,14 @@ RULE_FEDAVG_USER = (
     "fixed m; Poisson-subsampled Gaussian (add/remove adjacency) with noise multiplier z over the "
     "rounds that ran"
 )
+RULE_FEDAVG_SECURE = (
+    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
+    "neighbourhood's secret-sharing threshold): each round m clients are drawn uniformly, each clips its "
+    "discriminator delta to S on its node and deposits it, rounded to a fixed norm, with a Skellam share; "
+    "the server sees only the sum of at least t deltas, which carries Sk(μ), noise multiplier z in the "
+    "Gaussian's units (Agarwal, Kairouz & Liu 2021): one Skellam mechanism per round a client takes part "
+    "in, composed without amplification"
+)
 RULE_FEDAVG_UNTRUSTED = (
     "per-client, untrusted server: unbounded, each sampled client sends its raw discriminator delta "
     "to the server (see epsilon_amplified for the trusted-server figure)"
@@ -53,8 +61,20 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
 
 
 def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger) -> str:
-    """Unbounded per client against the server; user-level with a trusted server."""
+    """Unbounded per client against the server; user-level with a trusted server (secure sums: per
+    client against a server that runs the protocol)."""
     delta, accountant = cfg.delta, cfg.accountant
+    if cfg.secure_aggregation:
+        intro = (
+            f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN through secure sums: "
+            f"each round {cfg.fedavg_clients_per_round} clients clipped their discriminator deltas to S = "
+            f"{cfg.fedavg_clip:g} on their nodes and deposited them with a Skellam share of the noise; the server "
+            f"saw only the SecAgg+ sum, carrying noise multiplier z = {cfg.fedavg_noise_multiplier:g}. The per-client "
+            "ε below holds against a server that runs that protocol; against one that deviates only a client's "
+            "own share protects it (the figure beside it in the report)."
+        )
+        per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="deltas deposited")
+        return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {RULE_FEDAVG_SECURE}."], worst)
     intro = (
         f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
         f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm "

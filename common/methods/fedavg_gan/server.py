@@ -22,14 +22,17 @@ from common.device import resolve_device
 from common.models import GeneratorEMA, build_discriminator, build_generator, device_of, on_cpu, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
+from common.privacy.secure_release import release_events
 from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
 from common.public_warmup import warm_gan_on_public
 
 from ..base import ServerBase
-from ..protocol import Reply, StepOutcome
+from ..protocol import Reply, StepOutcome, SumRequest, SumResult
+from ..secure_sums import KIND_SECURE_SUM, SecureSums
+from . import secure
 from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
-from .privacy import RAW_DELTA, RULE_FEDAVG_UNTRUSTED, RULE_FEDAVG_USER, statement
+from .privacy import RAW_DELTA, RULE_FEDAVG_SECURE, RULE_FEDAVG_UNTRUSTED, RULE_FEDAVG_USER, statement
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -55,6 +58,10 @@ class FedAvgServer(ServerBase):
         self.sample_rate = min(1.0, cfg.fedavg_clients_per_round / self.population)
         self.server_ledger = PrivacyLedger()
         self.rounds_done = 0
+        self.secure = SecureSums(cfg, secure.plan(cfg)) if cfg.secure_aggregation else None
+        if self.secure:
+            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_FEDAVG_SECURE
+            self.planned = release_events(self.secure.plan)[0]
         self.public_warmed = not cfg.public_warmup_steps
 
     def _public_warm_start(self) -> None:
@@ -83,7 +90,12 @@ class FedAvgServer(ServerBase):
 
     # --- a round ---------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
-        """Every available node independently with probability q = m/K (possibly none)."""
+        """Every available node independently with probability q = m/K (possibly none); through
+        secure sums, m of them uniformly (no amplification is claimed: the draw only has to give the
+        sum its t inputs), or none when fewer than t remain."""
+        if self.secure:
+            m, t = self.cfg.fedavg_clients_per_round, self.secure.plan.threshold
+            return self.sampler.choose(available, m) if len(available) >= t else []
         return [available[i] for i in self.sampler.poisson(len(available), self.sample_rate).tolist()]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, FedAvgRound]]:
@@ -92,10 +104,13 @@ class FedAvgServer(ServerBase):
             self._public_warm_start()
         out = []
         g_state, d_state = (on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
+        session = self.secure.open(step, nodes, "fa") if self.secure and nodes else ""
         for node in nodes:
             seed = int(torch.randint(2**31, (1,), generator=self.rng))
-            out.append((node, FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state)))
-            self.charge(node, RAW_DELTA)
+            request = FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state, session=session)
+            out.append((node, request))
+            if not self.secure:
+                self.charge(node, RAW_DELTA)
         return out
 
     def _template(self) -> dict[str, torch.Tensor]:
@@ -106,16 +121,29 @@ class FedAvgServer(ServerBase):
 
     def expectations(self, step: int) -> dict[str, Any]:
         """A delta must fit D: the shapes of the entries it covers."""
-        return {"step": step, "shapes": {name: tuple(t.shape) for name, t in self._template().items()}}
+        shapes = {name: tuple(t.shape) for name, t in self._template().items()}
+        return {"step": step, "shapes": shapes, "secure": self.secure is not None}
 
-    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> dict[str, torch.Tensor]:
+    def on_lost(self, reply: Reply) -> None:
+        if self.secure:  # it may have deposited, and charged itself, anyway
+            self.charge(reply.node, self.planned)
+            self.secure.charge_own(self.client_of(reply.node))
+
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> Any:
+        if self.secure:  # a deposit: charged as the plan fixes
+            self.charge(reply.node, self.planned)
+            self.secure.deposited(reply.node, self.client_of(reply.node))
+            return reply.node
         return reply.payload.delta
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
         """Clip, sum, noise, divide by m, apply; then the generator steps. Every round releases a
         noised D, also one whose sampled clients all failed or that sampled nobody: a lost or
         malformed delta contributes nothing, as a client that was not sampled (the sum's
-        sensitivity is S per client whatever the others sent), and its sender stays charged."""
+        sensitivity is S per client whatever the others sent), and its sender stays charged.
+        Through secure sums the deltas wait on the nodes: the round's sum follows (``absorb_sums``)."""
+        if self.secure:
+            return
         try:
             update, info = aggregate_deltas(
                 accepted,
@@ -129,9 +157,25 @@ class FedAvgServer(ServerBase):
             outcome.notes.append(f"round {step} dropped: {err}")
             return
         self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
+        self._finish_round(update, len(replies), outcome)
+
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        return self.secure.requests() if self.secure else []
+
+    def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
+        """The revealed sum of the round's clipped, noised deltas, divided by the fixed m, applied;
+        then the generator steps. A round whose sum revealed nothing changes nothing."""
+        total, count = self.secure.total(results, outcome)
+        if total is None:
+            outcome.notes.append(f"round {step}: no secure sum was revealed; D and G unchanged")
+            return
+        update = secure.unflatten(torch.from_numpy(total / self.cfg.fedavg_clients_per_round), self.cfg)
+        self._finish_round(update, count, outcome)
+
+    def _finish_round(self, update: dict[str, torch.Tensor], sampled: int, outcome: StepOutcome) -> None:
         self._apply(update)
         outcome.metrics = {f"train/{k}": float(v) for k, v in self._generator_steps().items()}
-        outcome.metrics["train/clients_sampled"] = float(len(replies))
+        outcome.metrics["train/clients_sampled"] = float(sampled)
         self.ema.update(self.generator)
         self.rounds_done += 1
         outcome.took_step = True
@@ -166,12 +210,17 @@ class FedAvgServer(ServerBase):
     # --- the report ------------------------------------------------------------------------------
     def voiding_ledgers(self, ledgers: dict[int, PrivacyLedger]) -> list[PrivacyLedger]:
         """The clients' void raw deltas are the method, not a debugging option: only the server's
-        record says whether the trusted-server figure is NOT PRIVATE."""
+        record says whether the trusted-server figure is NOT PRIVATE (secure sums: the clients' own)."""
+        if self.secure:
+            return list(ledgers.values())
         return [self.server_ledger]
 
     def beside(self, *, final: bool) -> dict[str, Any]:
-        """The user-level ε with a trusted server, from the server's own ledger."""
+        """The user-level ε with a trusted server, from the server's own ledger (secure sums: the ε
+        against a server that deviates, from the records of the clients' own shares)."""
         cfg = self.cfg
+        if self.secure:
+            return self.secure.beside(range(cfg.num_clients), final=final)
         return server_entry(
             self.server_ledger,
             delta=cfg.delta,
@@ -188,6 +237,7 @@ class FedAvgServer(ServerBase):
             "z": cfg.fedavg_noise_multiplier,
             "expected m per round": cfg.fedavg_clients_per_round,
             "q": self.sample_rate,
+            **(self.secure.mechanism() if self.secure else {}),
         }
 
     def parameters(self) -> dict[str, Any]:
@@ -202,6 +252,7 @@ class FedAvgServer(ServerBase):
             "delta": cfg.fedavg_delta,
             "client_optimizer": cfg.fedavg_client_optimizer,
             "g_optimizer": cfg.fedavg_g_optimizer,
+            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
@@ -220,6 +271,7 @@ class FedAvgServer(ServerBase):
             "sampler": self.sampler.state_dict(),
             "public_warmed": self.public_warmed,
             "g_optimizer": self.g_optimizer.state_dict(),
+            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -231,6 +283,8 @@ class FedAvgServer(ServerBase):
         self.records.load_state_dict(state.get("records", {}))
         self.sampler.load_state_dict(state.get("sampler", {}))
         self.public_warmed = bool(state.get("public_warmed", True))
+        if self.secure and "secure_sums" in state:
+            self.secure.load_state_dict(state["secure_sums"])
         if "g_optimizer" in state:  # a checkpoint from before it held the generator's optimizer: fresh
             self.g_optimizer.load_state_dict(state["g_optimizer"])
         if "server_ledger" in state:
