@@ -11,11 +11,11 @@ nobody is left to ask.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tqdm import tqdm
@@ -26,9 +26,9 @@ from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
 
+from .method_sums import run_method_sums
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
-from .secure_sum import run_requested
 from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategy import PriorReleases, Strategy, build_strategy
 from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
@@ -203,16 +203,12 @@ def _round(
     cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState, available: list[int]
 ) -> tuple[bool, bool]:
     """One round; (whether the generator moved, whether any client was asked)."""
-    step = state.step
+    step, count = state.step, partial(_count_bytes, strategy, state.comm)
     selected = strategy.select_nodes(available)
     exchange = transport.exchange(strategy.configure_step(step, selected))
     outcome = strategy.aggregate_step(step, exchange.replies)
-    _count_bytes(strategy, state.comm, exchange)
-    requested = strategy.secure_sums(step)
-    if requested:  # the step's releases were deposited on the nodes: only their sums are revealed
-        count = functools.partial(_count_bytes, strategy, state.comm)
-        results = [run_requested(transport, r, count, cfg.reply_timeout_s) for r in requested]
-        strategy.absorb_sums(step, results, outcome)
+    count(exchange)
+    run_method_sums(transport, strategy, step, outcome, count, cfg.reply_timeout_s)  # a method's secure sums
     if outcome.took_step:
         answered = len(selected) - len(outcome.exhausted_nodes) - len(outcome.failed_nodes)
         state.comm.count_participation(answered)

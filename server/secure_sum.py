@@ -23,7 +23,6 @@ from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 
 from common.codec import PayloadError
-from common.methods.protocol import SumRequest, SumResult
 from common.secagg import (
     PRIVATE_KEY_BYTES,
     SEED_BYTES,
@@ -367,43 +366,3 @@ def _reveal(run: _Run, residues: np.ndarray) -> None:
             "(a node that skipped its own check); the sum is rejected"
         )
     run.result.sum, run.result.sum_mod = signed, residues
-
-
-# --- what the round loop runs for a method ----------------------------------------------------------
-class _Counted:
-    """``transport`` with each exchange handed to ``count`` (the run's per-client byte counts)."""
-
-    def __init__(self, transport: Transport, count: Callable[[Any], None]) -> None:
-        self._transport, self._count = transport, count
-        self.setup_totals = getattr(transport, "setup_totals", (0, 0))
-
-    def node_ids(self, expected: int) -> list[int]:
-        return self._transport.node_ids(expected)
-
-    def exchange(self, outgoing: list, *, timeout_s: float | None = None) -> Any:
-        exchange = self._transport.exchange(outgoing, **({} if timeout_s is None else {"timeout_s": timeout_s}))
-        self._count(exchange)
-        return exchange
-
-
-def run_requested(
-    transport: Transport, request: SumRequest, count: Callable[[Any], None], timeout_s: float | None = None
-) -> SumResult:
-    """The sum a method's server side asked for (``SumRequest``), its bytes counted by ``count``; a
-    parameter no node would accept aborts it (nothing is revealed) rather than the run."""
-    try:
-        result = secure_sum(
-            _Counted(transport, count),
-            request.nodes,
-            bound=request.bound,
-            length=request.length,
-            threshold=request.threshold,
-            degree=request.degree,
-            session=request.session,
-            timeout_s=timeout_s,
-            min_inputs=request.min_inputs,
-        )
-    except SecAggError as err:
-        return SumResult(request.session, aborted=f"the sum's parameters are refused: {err}")
-    survivors = result.survivors if result.revealed else []
-    return SumResult(request.session, survivors, result.sum, result.aborted, dict(result.dropouts))

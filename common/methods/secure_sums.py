@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.privacy.policy import DEFAULT_MIN_SECAGG_COHORT
 from common.privacy.records import ClientRecords
 from common.privacy.secure_release import SecureSumPlan, coordinate_range, release_events
 from common.privacy.statement import server_entry
@@ -48,6 +49,12 @@ class SecureSums:
         self.pending: dict[str, list[int]] = {}  # session -> the nodes that deposited for it
         self.session_of: dict[int, str] = {}
         self.sums: list[dict[str, Any]] = []  # one entry per sum run: inputs, dropouts, why it aborted
+
+    @property
+    def fewest_to_ask(self) -> int:
+        """The fewest clients worth asking for one sum: t, and never fewer than a default node
+        policy's smallest cohort (a sum of two tells each its partner's input; such a node refuses)."""
+        return max(self.plan.threshold, DEFAULT_MIN_SECAGG_COHORT)
 
     def open(self, step: int, nodes: Iterable[int], tag: str = "") -> str:
         """A new session for ``nodes``; returns its id (random, so no two runs share one)."""

@@ -77,7 +77,7 @@ class GsWganServer(ServerBase):
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
         if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
             available = self._within_budget(available)
-            if len(available) < self.secure.plan.threshold:
+            if len(available) < self.secure.fewest_to_ask:
                 return []  # no sum of t could be revealed: the run ends here, nobody is charged for nothing
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         self.server_ledger.record(
