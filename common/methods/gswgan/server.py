@@ -76,9 +76,8 @@ class GsWganServer(ServerBase):
         """m of the available nodes, uniformly without replacement, from the secret sampler; the
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
         if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
-            available = self._within_budget(available)
-            if len(available) < self.secure.fewest_to_ask:
-                return []  # no sum of t could be revealed: the run ends here, nobody is charged for nothing
+            chosen = self._sample_within_budget(available)
+            return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         self.server_ledger.record(
             PrivacyEvent(
@@ -91,20 +90,26 @@ class GsWganServer(ServerBase):
         )
         return chosen
 
-    def _within_budget(self, available: list[int]) -> list[int]:
-        """The available nodes whose client one more answer keeps within the run's budget, by the
-        server's own record of it (the larger of what it charged and what the client reported); the
-        client still checks its own ledgers. With secure sums a refusal is not free: the step's
+    def _sample_within_budget(self, available: list[int]) -> list[int]:
+        """m nodes drawn uniformly from those whose client one more answer keeps within the run's
+        budget, by the server's own record of it (the larger of what it charged and what the client
+        reported; the client still checks its own ledgers): a draw over budget is set aside and
+        another drawn from the rest, which keeps the sample uniform over the eligible ones and checks
+        about m clients a step, not all of them. With secure sums a refusal is not free: the step's
         other clients have deposited, and been charged, for a sum that may then fall below t."""
-        budget = self.cfg.client_epsilon_budget
-        if budget <= 0:
-            return available
-        delta, event = self.cfg.delta, self.planned
-        return [
-            n
-            for n in available
-            if not self.records.ledger_of(self.client_of(n)).would_exceed(budget=budget, delta=delta, next_event=event)
-        ]
+        budget, delta, event = self.cfg.client_epsilon_budget, self.cfg.delta, self.planned
+
+        def eligible(node: int) -> bool:
+            ledger = self.records.ledger_of(self.client_of(node))
+            return budget <= 0 or not ledger.would_exceed(budget=budget, delta=delta, next_event=event)
+
+        pool, chosen, m = set(available), [], self.cfg.clients_per_step
+        while pool and len(chosen) < m:
+            for node in self.sampler.choose(sorted(pool), m - len(chosen)):
+                pool.discard(node)
+                if eligible(node):
+                    chosen.append(node)
+        return chosen
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, GsQuery]]:
         if not self.generator.public_warmed:
