@@ -118,6 +118,27 @@ class ServerBase:
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """What the sums revealed, into the step's outcome."""
 
+    def sample_within_budget(self, sampler: Any, available: list[int], m: int, event: PrivacyEvent) -> list[int]:
+        """m nodes drawn uniformly (``sampler.choose``) from those whose client one more ``event``
+        keeps within the run's budget, by the server's own record of it (the larger of what it
+        charged and what the client reported; the client still checks its own ledgers): a draw over
+        budget is set aside and another drawn from the rest, which keeps the sample uniform over the
+        eligible ones and checks about m clients, not all of them. For secure sums, where a refusal
+        is not free: the others have deposited, and been charged, for a sum that may fall below t."""
+        budget, delta = self.cfg.client_epsilon_budget, self.cfg.delta
+
+        def eligible(node: int) -> bool:
+            ledger = self.records.ledger_of(self.client_of(node))
+            return budget <= 0 or not ledger.would_exceed(budget=budget, delta=delta, next_event=event)
+
+        pool, chosen = set(available), []
+        while pool and len(chosen) < m:
+            for node in sampler.choose(sorted(pool), m - len(chosen)):
+                pool.discard(node)
+                if eligible(node):
+                    chosen.append(node)
+        return chosen
+
     # --- a step's replies ----------------------------------------------------------------------
     def aggregate(self, step: int, replies: list[Reply]) -> StepOutcome:
         """Sort the replies: lost or malformed ones fail their node, refusals exhaust it, the rest go

@@ -94,8 +94,8 @@ class FedAvgServer(ServerBase):
         secure sums, m of them uniformly (no amplification is claimed: the draw only has to give the
         sum its t inputs), or none when fewer than t remain."""
         if self.secure:
-            m, fewest = self.cfg.fedavg_clients_per_round, self.secure.fewest_to_ask
-            return self.sampler.choose(available, m) if len(available) >= fewest else []
+            chosen = self.sample_within_budget(self.sampler, available, self.cfg.fedavg_clients_per_round, self.planned)
+            return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
         return [available[i] for i in self.sampler.poisson(len(available), self.sample_rate).tolist()]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, FedAvgRound]]:

@@ -76,7 +76,7 @@ class GsWganServer(ServerBase):
         """m of the available nodes, uniformly without replacement, from the secret sampler; the
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
         if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
-            chosen = self._sample_within_budget(available)
+            chosen = self.sample_within_budget(self.sampler, available, self.cfg.clients_per_step, self.planned)
             return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         self.server_ledger.record(
@@ -88,27 +88,6 @@ class GsWganServer(ServerBase):
                 void=self.sampler.void_reason or self.planned.void,
             )
         )
-        return chosen
-
-    def _sample_within_budget(self, available: list[int]) -> list[int]:
-        """m nodes drawn uniformly from those whose client one more answer keeps within the run's
-        budget, by the server's own record of it (the larger of what it charged and what the client
-        reported; the client still checks its own ledgers): a draw over budget is set aside and
-        another drawn from the rest, which keeps the sample uniform over the eligible ones and checks
-        about m clients a step, not all of them. With secure sums a refusal is not free: the step's
-        other clients have deposited, and been charged, for a sum that may then fall below t."""
-        budget, delta, event = self.cfg.client_epsilon_budget, self.cfg.delta, self.planned
-
-        def eligible(node: int) -> bool:
-            ledger = self.records.ledger_of(self.client_of(node))
-            return budget <= 0 or not ledger.would_exceed(budget=budget, delta=delta, next_event=event)
-
-        pool, chosen, m = set(available), [], self.cfg.clients_per_step
-        while pool and len(chosen) < m:
-            for node in self.sampler.choose(sorted(pool), m - len(chosen)):
-                pool.discard(node)
-                if eligible(node):
-                    chosen.append(node)
         return chosen
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, GsQuery]]:
