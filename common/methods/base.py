@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.records import ClientRecords, LedgerClaim
+from common.privacy.secure_release import SecureSumPlan, release_events
 from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
 
 from .protocol import ClientNode, PriorReleases, Reply, StepOutcome, SumRequest, SumResult
+from .secure_sums import KIND_SECURE_SUM, SecureSums
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
@@ -98,6 +100,19 @@ class ServerBase:
         self.prior = prior or PriorReleases()
         self.records = ClientRecords(cfg.delta, self.prior.clients)
         self.node_client: dict[int, int] = {}
+        self.secure: SecureSums | None = None  # set by ``use_secure_sums``
+
+    def use_secure_sums(self, plan: SecureSumPlan, void: str, rule: str) -> None:
+        """This run's releases go through secure sums (``secure_sums.py``): the headline is the
+        guarantee against a server that runs the protocol (``rule``), a deposit is charged as
+        ``plan`` fixes (``planned``), and the figure beside the headline is the deviating server's."""
+        self.secure = SecureSums(self.cfg, plan, void)
+        self.epsilon_kind, self.accounting = KIND_SECURE_SUM, rule
+        self.planned = release_events(plan, void)[0]
+
+    def secure_sums(self, step: int) -> list[SumRequest]:
+        """The secure sums to run after this step's replies: one per session that got deposits."""
+        return self.secure.requests() if self.secure else []
 
     def bind_nodes(self, node_client: dict[int, int]) -> None:
         """Learn which client (partition) each node holds, from the run's hello exchange."""
@@ -110,11 +125,7 @@ class ServerBase:
         """Charge the server's record of the client ``node`` holds."""
         self.records.charge(self.client_of(node), event)
 
-    # --- secure sums (a method whose releases go through them overrides these) ----------------
-    def secure_sums(self, step: int) -> list[SumRequest]:
-        """The secure sums to run after this step's replies (none)."""
-        return []
-
+    # --- secure sums (a method whose releases go through them overrides this) -----------------
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """What the sums revealed, into the step's outcome."""
 
@@ -147,19 +158,31 @@ class ServerBase:
         accepted = []
         for reply in replies:
             if reply.payload is None:
-                self.on_lost(reply)
+                if self.secure:
+                    self._lost_deposit(reply)
+                else:
+                    self.on_lost(reply)
                 outcome.failed_nodes.append(reply.node)
                 outcome.notes.append(self._lost_note(reply))
             elif reply.payload.refused:
                 self.on_refused(reply)
                 outcome.exhausted_nodes.append(reply.node)
                 outcome.notes.append(str(reply.payload.reason))
+            elif self.secure:  # a deposit on the node: charged as the plan fixes, whatever the node says
+                self.charge(reply.node, self.planned)
+                self.secure.deposited(reply.node, self.client_of(reply.node))
+                accepted.append(reply.node)
             else:
                 kept = self.accept(step, reply, outcome)
                 if kept is not None:
                     accepted.append(kept)
         self.update(step, accepted, replies, outcome)
         return outcome
+
+    def _lost_deposit(self, reply: Reply) -> None:
+        """A lost reply through secure sums: the node may have deposited, and charged itself, anyway."""
+        self.charge(reply.node, self.planned)
+        self.secure.charge_own(self.client_of(reply.node))
 
     def _lost_note(self, reply: Reply) -> str:
         who = f"node {reply.node} (client {reply.client})"
@@ -213,14 +236,20 @@ class ServerBase:
             "epsilon_max": max_epsilon(clients),
             "epsilon_kind": self.epsilon_kind,
             "accounting": self.accounting,
-            "epsilon_amplified": self.beside(final=final),
+            "epsilon_amplified": self.secure.beside(ledgers, final=final) if self.secure else self.beside(final=final),
             "not_private": not_private_reasons(self.voiding_ledgers(ledgers)),
-            "mechanism": self.mechanism(),
-            "parameters": self.parameters(),
+            "mechanism": {**self.mechanism(), **(self.secure.mechanism() if self.secure else {})},
+            "parameters": {
+                **self.parameters(),
+                **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
+            },
         }
         if final:
             report["statement"] = self.statement(ledgers)
         return report
+
+    def _secure_parameters(self) -> dict[str, Any]:
+        return {"secure_aggregation": self.secure.parameters()} if self.secure else {}
 
     def headline_ledgers(self) -> dict[int, PrivacyLedger]:
         """The ledger behind each client's headline ε (default: every client's, the larger record)."""

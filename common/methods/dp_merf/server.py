@@ -25,8 +25,7 @@ from common.privacy.statement import KIND_PER_CLIENT
 from common.secagg import split_cohorts
 
 from ..base import NOT_APPLICABLE, ServerBase
-from ..protocol import Reply, StepOutcome, SumRequest, SumResult
-from ..secure_sums import KIND_SECURE_SUM, SecureSums
+from ..protocol import Reply, StepOutcome, SumResult
 from . import secure
 from .generator import MerfGenerator
 from .messages import MerfRelease, MerfRequest
@@ -46,10 +45,9 @@ class DpMerfServer(ServerBase):
         self.generator = MerfGenerator(cfg, num_classes)
         self.steps_done = 0
         self.planned = planned_event(cfg)
-        self.secure = SecureSums(cfg, secure.plan(cfg), client_void(cfg)) if cfg.secure_aggregation else None
         self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
-        if self.secure:
-            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_DP_MERF_SECURE
+        if cfg.secure_aggregation:
+            self.use_secure_sums(secure.plan(cfg), client_void(cfg), RULE_DP_MERF_SECURE)
 
     @property
     def collected(self) -> bool:
@@ -77,18 +75,11 @@ class DpMerfServer(ServerBase):
 
     def on_lost(self, reply: Reply) -> None:
         self.charge(reply.node, self.planned)  # it may have released anyway
-        if self.secure:
-            self.secure.charge_own(self.client_of(reply.node))
 
-    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> torch.Tensor | int | None:
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> torch.Tensor | None:
         """Charge the release (the smaller noise multiplier of what was planned and what the client
-        says it ran); its summary, unless no honest client sends it (secure aggregation: its node,
-        whose deposit the cohort's sum will hold)."""
+        says it ran); its summary, unless no honest client sends it."""
         release: MerfRelease = reply.payload
-        if self.secure:
-            self.charge(reply.node, self.planned)  # what the plan fixes, whatever the node says
-            self.secure.deposited(reply.node, self.client_of(reply.node))
-            return reply.node
         nm = min(self.planned.noise_multiplier, release.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         summary = torch.from_numpy(release.embedding)
@@ -112,9 +103,6 @@ class DpMerfServer(ServerBase):
             self.generator.set_target(accepted)
         self._generator_step(step, outcome)
 
-    def secure_sums(self, step: int) -> list[SumRequest]:
-        return self.secure.requests() if self.secure else []
-
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The mean of every revealed cohort sum becomes the target; then the step's generator step."""
         total, count = self.secure.total(results, outcome)
@@ -137,8 +125,6 @@ class DpMerfServer(ServerBase):
 
     # --- the report ------------------------------------------------------------------------------
     def beside(self, *, final: bool) -> dict[str, Any]:
-        if self.secure:
-            return self.secure.beside(range(self.cfg.num_clients), final=final)
         return {
             **NOT_APPLICABLE,
             "assumption": "not applicable: every client releases once and nobody is sampled, so there is "
@@ -148,7 +134,7 @@ class DpMerfServer(ServerBase):
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
         return {
-            **({"c": self.cfg.secagg_cohort, **self.secure.mechanism()} if self.secure else {}),
+            **({"c": self.cfg.secagg_cohort} if self.secure else {}),
             "σ": cfg.merf_noise_multiplier,
             "S": cfg.merf_clip,
             "D": cfg.merf_features,
@@ -163,7 +149,6 @@ class DpMerfServer(ServerBase):
             "features": cfg.merf_features,
             "dct": cfg.merf_dct,
             "releases_used": self.generator.releases,
-            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:

@@ -22,13 +22,11 @@ from common.device import resolve_device
 from common.models import GeneratorEMA, build_discriminator, build_generator, device_of, on_cpu, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
-from common.privacy.secure_release import release_events
 from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
 from common.public_warmup import warm_gan_on_public
 
 from ..base import ServerBase
-from ..protocol import Reply, StepOutcome, SumRequest, SumResult
-from ..secure_sums import KIND_SECURE_SUM, SecureSums
+from ..protocol import Reply, StepOutcome, SumResult
 from . import secure
 from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
@@ -58,10 +56,8 @@ class FedAvgServer(ServerBase):
         self.sample_rate = min(1.0, cfg.fedavg_clients_per_round / self.population)
         self.server_ledger = PrivacyLedger()
         self.rounds_done = 0
-        self.secure = SecureSums(cfg, secure.plan(cfg)) if cfg.secure_aggregation else None
-        if self.secure:
-            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_FEDAVG_SECURE
-            self.planned = release_events(self.secure.plan)[0]
+        if cfg.secure_aggregation:
+            self.use_secure_sums(secure.plan(cfg), secure.VOID, RULE_FEDAVG_SECURE)
         self.public_warmed = not cfg.public_warmup_steps
 
     def _public_warm_start(self) -> None:
@@ -124,16 +120,7 @@ class FedAvgServer(ServerBase):
         shapes = {name: tuple(t.shape) for name, t in self._template().items()}
         return {"step": step, "shapes": shapes, "secure": self.secure is not None}
 
-    def on_lost(self, reply: Reply) -> None:
-        if self.secure:  # it may have deposited, and charged itself, anyway
-            self.charge(reply.node, self.planned)
-            self.secure.charge_own(self.client_of(reply.node))
-
-    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> Any:
-        if self.secure:  # a deposit: charged as the plan fixes
-            self.charge(reply.node, self.planned)
-            self.secure.deposited(reply.node, self.client_of(reply.node))
-            return reply.node
+    def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> dict[str, torch.Tensor]:
         return reply.payload.delta
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
@@ -158,9 +145,6 @@ class FedAvgServer(ServerBase):
             return
         self.server_ledger.record(info.privacy_event(num_clients=self.population, void=self._void()))
         self._finish_round(update, len(replies), outcome)
-
-    def secure_sums(self, step: int) -> list[SumRequest]:
-        return self.secure.requests() if self.secure else []
 
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The revealed sum of the round's clipped, noised deltas, divided by the fixed m, applied;
@@ -216,11 +200,8 @@ class FedAvgServer(ServerBase):
         return [self.server_ledger]
 
     def beside(self, *, final: bool) -> dict[str, Any]:
-        """The user-level ε with a trusted server, from the server's own ledger (secure sums: the ε
-        against a server that deviates, from the records of the clients' own shares)."""
+        """The user-level ε with a trusted server, from the server's own ledger."""
         cfg = self.cfg
-        if self.secure:
-            return self.secure.beside(range(cfg.num_clients), final=final)
         return server_entry(
             self.server_ledger,
             delta=cfg.delta,
@@ -237,7 +218,6 @@ class FedAvgServer(ServerBase):
             "z": cfg.fedavg_noise_multiplier,
             "expected m per round": cfg.fedavg_clients_per_round,
             "q": self.sample_rate,
-            **(self.secure.mechanism() if self.secure else {}),
         }
 
     def parameters(self) -> dict[str, Any]:
@@ -252,7 +232,6 @@ class FedAvgServer(ServerBase):
             "delta": cfg.fedavg_delta,
             "client_optimizer": cfg.fedavg_client_optimizer,
             "g_optimizer": cfg.fedavg_g_optimizer,
-            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:

@@ -29,8 +29,7 @@ from common.privacy import PrivacyEvent, PrivacyLedger, Sampler
 from common.privacy.statement import KIND_AMPLIFIED, KIND_PER_CLIENT, server_entry
 
 from ..base import ServerBase
-from ..protocol import PriorReleases, Reply, StepOutcome, SumRequest, SumResult
-from ..secure_sums import KIND_SECURE_SUM, SecureSums
+from ..protocol import PriorReleases, Reply, StepOutcome, SumResult
 from .generator import ServerGenerator
 from .messages import GsAnswer, GsQuery
 from .privacy import (
@@ -66,10 +65,9 @@ class GsWganServer(ServerBase):
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
         self.planned = planned_event(cfg, cfg.batch_size)
-        self.secure = SecureSums(cfg, secure_plan(cfg), client_void(cfg)) if cfg.secure_aggregation else None
         self._selected = 0
-        if self.secure:
-            self.epsilon_kind, self.accounting = KIND_SECURE_SUM, RULE_PER_CLIENT_SECURE
+        if cfg.secure_aggregation:
+            self.use_secure_sums(secure_plan(cfg), client_void(cfg), RULE_PER_CLIENT_SECURE)
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
@@ -134,17 +132,11 @@ class GsWganServer(ServerBase):
 
     def on_lost(self, reply: Reply) -> None:
         self.charge(reply.node, self.planned)  # it may have answered, and charged itself, anyway
-        if self.secure:
-            self.secure.charge_own(self.client_of(reply.node))
 
     def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> tuple[torch.Tensor, Any] | None:
         """Charge the answer (the smaller noise multiplier of what was asked and what the client says
         it ran); its gradients and the batch they belong to, unless no honest client sends them."""
         answer: GsAnswer = reply.payload
-        if self.secure:  # a deposit: charged as the plan fixes, whatever the node says
-            self.charge(reply.node, self.planned)
-            self.secure.deposited(reply.node, self.client_of(reply.node))
-            return reply.node
         nm = min(self.planned.noise_multiplier, answer.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         grad: np.ndarray = answer.grad
@@ -170,9 +162,6 @@ class GsWganServer(ServerBase):
         else:
             outcome.notes.append(f"step {step}: the generator's gradient was not finite; step skipped")
 
-    def secure_sums(self, step: int) -> list[SumRequest]:
-        return self.secure.requests() if self.secure else []
-
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The revealed sum of the step's answers through G, divided by B·m (every sampled client)."""
         attached, self._attached = self._attached.get(-1), {}
@@ -192,11 +181,8 @@ class GsWganServer(ServerBase):
 
     # --- the report ------------------------------------------------------------------------------
     def beside(self, *, final: bool) -> dict[str, Any]:
-        """The amplified ε from the server's own ledger of its sampling (secure aggregation: the ε
-        against a server that deviates, from the records of the clients' own shares)."""
+        """The amplified ε from the server's own ledger of its sampling."""
         cfg = self.cfg
-        if self.secure:
-            return self.secure.beside(range(cfg.num_clients), final=final)
         return server_entry(
             self.server_ledger,
             delta=cfg.delta,
@@ -208,8 +194,7 @@ class GsWganServer(ServerBase):
 
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
-        out = {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip, "m per step": cfg.clients_per_step}
-        return {**out, **(self.secure.mechanism() if self.secure else {})}
+        return {"B": cfg.batch_size, "σ": cfg.noise_multiplier, "C": cfg.clip, "m per step": cfg.clients_per_step}
 
     def parameters(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -222,7 +207,6 @@ class GsWganServer(ServerBase):
             "wire_compression": cfg.wire_compression,
             "critic_fakes": cfg.critic_fakes,
             "client_stats": cfg.client_stats,
-            **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
