@@ -26,13 +26,12 @@ from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
 from common.progress import progress_bar
 
-from .method_sums import run_method_sums
+from .method_sums import count_bytes, run_method_sums
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
 from .session import NodeRefused, Transport, fetch_ledgers, greet
 from .strategy import PriorReleases, Strategy, build_strategy
 from .summary import RunFacts, epsilon_stats, privacy_document, summary_document
-from .transport import Exchange
 
 __all__ = ["NodeRefused", "run_experiment"]
 
@@ -203,7 +202,7 @@ def _round(
     cfg: ExperimentConfig, transport: Transport, strategy: Strategy, state: LoopState, available: list[int]
 ) -> tuple[bool, bool]:
     """One round; (whether the generator moved, whether any client was asked)."""
-    step, count = state.step, partial(_count_bytes, strategy, state.comm)
+    step, count = state.step, partial(count_bytes, strategy.node_client, state.comm)
     selected = strategy.select_nodes(available)
     exchange = transport.exchange(strategy.configure_step(step, selected))
     outcome = strategy.aggregate_step(step, exchange.replies)
@@ -251,13 +250,6 @@ def bounded(text: str, limit: int = MAX_NOTE_CHARS) -> str:
 def _client_key(strategy: Strategy, node: int) -> int:
     """Bytes are reported per client (partition) id; -1 stands for a node that never identified."""
     return strategy.node_client.get(node, -1)
-
-
-def _count_bytes(strategy: Strategy, comm: CommCounter, exchange: Exchange) -> None:
-    for node, (total, envelope) in exchange.bytes_down.items():
-        comm.add_down(_client_key(strategy, node), total, envelope)
-    for node, (total, envelope) in exchange.bytes_up.items():
-        comm.add_up(_client_key(strategy, node), total, envelope)
 
 
 def _periodic(cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, bar: tqdm) -> None:

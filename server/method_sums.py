@@ -1,12 +1,13 @@
-"""The secure sums a method's server side asks for after a step (``SumRequest``), run by the round
-loop over the run's transport (``secure_sum.py``'s driver), their bytes counted per client like
-every other message's."""
+"""What the round loop does after a step's replies: count their bytes per client, and run the secure
+sums a method's server side asks for (``SumRequest``) over the run's transport (``secure_sum.py``'s
+driver), their bytes counted the same way."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from common.comm import CommCounter
 from common.methods.protocol import StepOutcome, SumRequest, SumResult
 from common.secagg import SecAggError
 
@@ -52,6 +53,15 @@ def run_requested(
         return SumResult(request.session, aborted=f"the sum's parameters are refused: {err}")
     survivors = result.survivors if result.revealed else []
     return SumResult(request.session, survivors, result.sum, result.aborted, dict(result.dropouts))
+
+
+def count_bytes(node_client: dict[int, int], comm: CommCounter, exchange: Any) -> None:
+    """An exchange's bytes, down and up, added to ``comm`` per client (-1: a node that never
+    identified), as every message of the run is counted."""
+    for node, (total, envelope) in exchange.bytes_down.items():
+        comm.add_down(node_client.get(node, -1), total, envelope)
+    for node, (total, envelope) in exchange.bytes_up.items():
+        comm.add_up(node_client.get(node, -1), total, envelope)
 
 
 def run_method_sums(
