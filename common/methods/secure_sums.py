@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.options import check
 from common.privacy.policy import DEFAULT_MIN_SECAGG_COHORT
 from common.privacy.records import ClientRecords
 from common.privacy.secure_release import SecureSumPlan, coordinate_range, release_events
@@ -133,6 +134,27 @@ class SecureSums:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.own.load_state_dict(state["own_records"])
         self.sums = list(state.get("sums", []))
+
+
+def session_mismatch(cfg: ExperimentConfig, session: str) -> str:
+    """Why a node refuses a request whose secure-sum session (or its absence) does not match the
+    run's ``secure_aggregation`` ("": it matches): a deposit the run never sums, or a release in the
+    clear that the run promised to sum, is never made."""
+    if cfg.secure_aggregation == bool(session):
+        return ""
+    return "the request's secure-sum session does not match the run's secure-aggregation setting"
+
+
+def check_cohort(c: ExperimentConfig, field: str, cohort: int) -> None:
+    """A run-only check of a method whose secure sum's cohort is ``field`` (= ``cohort`` clients): at
+    least 3 (no smaller sum is an aggregate) and at least ``secagg_threshold``."""
+    check(cohort >= 3, field, cohort, "must be >= 3 with secure aggregation (these clients are the sum's cohort)")
+    check(
+        c.secagg_threshold <= cohort,
+        "secagg_threshold",
+        c.secagg_threshold,
+        f"must be at most {field}={cohort} (those clients are the sum's cohort)",
+    )
 
 
 def deposit(

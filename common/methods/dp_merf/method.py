@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
+from ..secure_sums import session_mismatch
 from . import canary, options, privacy
 from .client import release, released_before, secure_release
 from .messages import MESSAGES, MerfRelease, MerfRequest
@@ -65,8 +66,8 @@ class DpMerf(MethodBase):
         again = released_before(node.releases_by(self.name), node.policy)
         if again:
             return refusal(MerfRelease, request.step, state.client_id, again)
-        if node.cfg.secure_aggregation != bool(request.session):
-            why = "the request's secure-sum session does not match the run's secure-aggregation setting"
+        why = session_mismatch(node.cfg, request.session)
+        if why:
             return refusal(MerfRelease, request.step, state.client_id, why)
         if request.session:
             return secure_release(node, state, request)  # charged and persisted inside

@@ -12,6 +12,7 @@ from common.device import resolve_device
 
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
+from ..secure_sums import session_mismatch
 from . import options, privacy, secure
 from .client import client_update
 from .messages import MESSAGES, FedAvgReply, FedAvgRound
@@ -65,8 +66,8 @@ class FedAvgGan(MethodBase):
         client's own ledger (and the node's) records as a release without noise (secure
         aggregation: the clipped delta deposited with a noise share, ``secure.py``)."""
         cfg, state = node.cfg, node.load_state()
-        if cfg.secure_aggregation != bool(request.session):
-            why = "the round's secure-sum session does not match the run's secure-aggregation setting"
+        why = session_mismatch(cfg, request.session)
+        if why:
             return refusal(FedAvgReply, request.step, state.client_id, why)
         if request.session:
             return secure.secure_answer(node, state, request, lambda s: local_delta(cfg, s, request))

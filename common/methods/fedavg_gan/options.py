@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from common.options import check, check_all, check_choice, option
 
+from ..secure_sums import check_cohort
+
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -70,16 +72,7 @@ def check_run(c: ExperimentConfig) -> None:
     within the round, and noise to share."""
     if not c.secure_aggregation:
         return
-    m = c.fedavg_clients_per_round
-    check(
-        m >= 3, "fedavg_clients_per_round", m, "must be >= 3 with secure aggregation (a round's clients are its cohort)"
-    )
-    check(
-        c.secagg_threshold <= m,
-        "secagg_threshold",
-        c.secagg_threshold,
-        f"must be at most fedavg_clients_per_round={m} (a round's clients are the cohort)",
-    )
+    check_cohort(c, "fedavg_clients_per_round", c.fedavg_clients_per_round)
     check(
         c.fedavg_noise_multiplier > 0,
         "fedavg_noise_multiplier",

@@ -194,9 +194,7 @@ class FedAvgServer(ServerBase):
     # --- the report ------------------------------------------------------------------------------
     def voiding_ledgers(self, ledgers: dict[int, PrivacyLedger]) -> list[PrivacyLedger]:
         """The clients' void raw deltas are the method, not a debugging option: only the server's
-        record says whether the trusted-server figure is NOT PRIVATE (secure sums: the clients' own)."""
-        if self.secure:
-            return list(ledgers.values())
+        record says whether the trusted-server figure is NOT PRIVATE."""
         return [self.server_ledger]
 
     def beside(self, *, final: bool) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import MethodBase, or_error
 from ..protocol import ClientNode, PriorReleases, refusal
+from ..secure_sums import session_mismatch
 from . import canary, options, privacy
 from .client import answer_queries, answer_query
 from .messages import MESSAGES, GsAnswer, GsQuery
@@ -64,8 +65,8 @@ class GsWgan(MethodBase):
         """Answer one query on this node's client state; the release is charged to the node's ledger
         and the state written before the reply leaves."""
         state = node.load_state()
-        if node.cfg.secure_aggregation != bool(request.session):
-            why = "the query's secure-sum session does not match the run's secure-aggregation setting"
+        why = session_mismatch(node.cfg, request.session)
+        if why:
             return refusal(GsAnswer, request.step, state.client_id, why)
         if request.session:
             return secure_answer(node, state, request)  # charged and persisted inside

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from common.options import check, check_all, check_choice, option
 
+from ..secure_sums import check_cohort
+
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -114,16 +116,5 @@ def check_run(c: ExperimentConfig) -> None:
     share, and a threshold within the step."""
     if not c.secure_aggregation:
         return
-    check(
-        c.clients_per_step >= 3,
-        "clients_per_step",
-        c.clients_per_step,
-        "must be >= 3 with secure aggregation (the step's clients are the sum's cohort)",
-    )
-    check(
-        c.secagg_threshold <= c.clients_per_step,
-        "secagg_threshold",
-        c.secagg_threshold,
-        f"must be at most clients_per_step={c.clients_per_step} (the step's clients are the cohort)",
-    )
+    check_cohort(c, "clients_per_step", c.clients_per_step)
     check(c.noise_multiplier > 0, "noise_multiplier", c.noise_multiplier, "must be > 0 with secure aggregation")
