@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from common.methods import method
+from common.methods.secure_sums import KIND_SECURE_SUM  # privacy.json's epsilon_kind of a secure run
 from common.privacy import PrivacyLedger
 
 ROOT = Path(__file__).resolve().parents[1]
 SECURE_UNIT = "per-client, server runs the secure sum"
-KIND_SECURE_SUM = "per client, server runs the secure sum"  # privacy.json's epsilon_kind of a secure run
 
 
 def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict], list[float | None]]:

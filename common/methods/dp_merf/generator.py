@@ -37,8 +37,7 @@ class MerfGenerator:
 
     def set_target(self, releases: list[Tensor]) -> None:
         """The target: the mean of the accepted noisy summaries (the count is public to the server)."""
-        self.target = torch.stack(releases).mean(dim=0).to(self.device)
-        self.releases = len(releases)
+        self.set_mean(torch.stack(releases).mean(dim=0), len(releases))
 
     def set_mean(self, mean: Tensor, count: int) -> None:
         """The target given as a mean already (a secure sum's total over its ``count`` inputs)."""
