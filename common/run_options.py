@@ -91,6 +91,12 @@ class RunOptions:
         "client's partition before the split), or empty (none)",
     )
     public_size: int = option(1000, "number of public examples (public-data)")
+    protocol_holdout: bool = option(
+        False,
+        "remove DPImageBench's 5,000 validation images (of 60,000; 1 in 12 of another set) from every client's "
+        "partition, as their generators never see them, so that `fedgan evaluate --protocol dpimagebench` "
+        "selects its classifiers on unseen images (example partitions: iid, dirichlet, shards)",
+    )
     public_warmup_steps: int = option(
         0,
         "generator steps of a non-private warm start of G and D on the public data before private training "
@@ -286,6 +292,12 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
     check(0 <= c.invert_prob <= 1, "invert_prob", c.invert_prob, "must be in [0, 1]")
     check_choice(c, "public_data", PUBLIC_SOURCES)
     check(c.public_size >= 1, "public_size", c.public_size, "must be >= 1")
+    check(
+        not c.protocol_holdout or c.partition in ("iid", "dirichlet", "shards"),
+        "protocol_holdout",
+        c.protocol_holdout,
+        f"removes images, not writers: use an example partition (iid, dirichlet, shards), not {c.partition}",
+    )
     check(c.public_warmup_steps >= 0, "public_warmup_steps", c.public_warmup_steps, "must be >= 0")
     check(
         not c.public_warmup_steps or c.public_data,

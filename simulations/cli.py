@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from common.evaluation.anchors import PROTOCOL_NAMES
 from common.methods import ExperimentConfig
 
 from .commands import resolve_config
@@ -181,6 +182,15 @@ def _evaluate_parser(sub) -> None:
         help="compute the Inception FID (default: the run's eval_inception)",
     )
     ev.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
+    ev.add_argument(
+        "--protocol",
+        choices=PROTOCOL_NAMES,
+        default="quick",
+        help="quick: the run's own figures only; dpimagebench: also DPImageBench's (60,000 synthetic images, "
+        "ResNet-110 / WRN-40-4 / ResNeXt-29 for 50 epochs, selection on a Laplace-noised validation split, FID "
+        "against the training split at N = 60,000: a GPU's work); dpimagebench-cpu: the same with the "
+        "families' smallest networks, 5 epochs and FID at N = 2,000 (about 40 minutes on 2 CPU cores)",
+    )
 
 
 def _audit_parser(sub) -> None:

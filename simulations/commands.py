@@ -192,6 +192,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             inception=args.inception,
             inception_weights=args.inception_weights,
             progress=args.progress,
+            protocol=args.protocol,
         )
     except (ConfigError, DataError, RunDirectoryError, FileNotFoundError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)

@@ -31,6 +31,7 @@ from common.data.partition import (
     partition_iid,
     partition_shards,
 )
+from common.data.protocol import protocol_validation
 from common.data.public import held_out, uses_writer_holdout
 from common.data.synthetic import synthetic_writer, synthetic_writer_labels
 
@@ -130,10 +131,12 @@ def training_set(cfg: RunOptions) -> Dataset:
 
 def _split(cfg: RunOptions, dataset: Dataset) -> list[np.ndarray]:
     """The partition named by ``cfg.partition`` of a whole data set, after removing the public
-    holdout (``common/data/public.py``): indices into the whole set, none of them public."""
-    if cfg.public_data != "holdout" or uses_writer_holdout(cfg):
+    holdout (``common/data/public.py``) and, with ``protocol_holdout``, DPImageBench's validation
+    images (``common/data/protocol.py``): indices into the whole set, none of them removed ones."""
+    removed = _removed(cfg, len(dataset))
+    if removed is None:
         return _split_all(cfg, dataset)
-    keep = np.setdiff1d(np.arange(len(dataset)), held_out(cfg, len(dataset)))
+    keep = np.setdiff1d(np.arange(len(dataset)), removed)
     rest = Dataset(
         images=dataset.images[keep],
         labels=dataset.labels[keep],
@@ -141,6 +144,16 @@ def _split(cfg: RunOptions, dataset: Dataset) -> list[np.ndarray]:
         num_classes=dataset.num_classes,
     )
     return [keep[index] for index in _split_all(cfg, rest)]
+
+
+def _removed(cfg: RunOptions, n: int) -> np.ndarray | None:
+    """Indices no client holds (None: none removed)."""
+    parts = []
+    if cfg.public_data == "holdout" and not uses_writer_holdout(cfg):
+        parts.append(held_out(cfg, n))
+    if cfg.protocol_holdout:
+        parts.append(protocol_validation(n))
+    return np.unique(np.concatenate(parts)) if parts else None
 
 
 def _split_all(cfg: RunOptions, dataset: Dataset) -> list[np.ndarray]:
@@ -230,9 +243,12 @@ def partition_key(cfg: RunOptions) -> str:
 
 def _holdout_key(cfg: RunOptions) -> tuple:
     """What a partition depends on of the public holdout (nothing unless examples are removed)."""
+    key: tuple = ()
     if cfg.public_data == "holdout" and not uses_writer_holdout(cfg):
-        return ("holdout", cfg.public_size)
-    return ()
+        key += ("holdout", cfg.public_size)
+    if cfg.protocol_holdout:
+        key += ("protocol-validation",)
+    return key
 
 
 def client_labels(cfg: RunOptions, client_id: int) -> np.ndarray:

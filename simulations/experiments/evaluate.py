@@ -202,8 +202,10 @@ def evaluate_run(
     inception: bool | None = None,
     inception_weights: str | None = None,
     progress: bool = True,
+    protocol: str = "quick",
 ) -> dict[str, Any]:
-    """Evaluate the run in ``path``; writes eval.json, plots/ and report.html; returns eval.json."""
+    """Evaluate the run in ``path``; writes eval.json, plots/ and report.html; returns eval.json.
+    ``protocol``: besides the quick figures, DPImageBench's (``evaluate_protocol.py``)."""
     run, cfg = RunDirectory.open_existing(path)
     check_writable(
         run.path, "evaluate writes eval.json, plots/ and report.html there (copy the run somewhere writable)"
@@ -220,7 +222,15 @@ def evaluate_run(
         inception_weights=inception_weights if inception_weights is not None else cfg.inception_weights,
         progress=progress,
     )
-    result = evaluator.evaluate(load_generator(cfg, ckpt["released_generator"], run.path / "checkpoint.pt"))
+    gen = load_generator(cfg, ckpt["released_generator"], run.path / "checkpoint.pt")
+    result = evaluator.evaluate(gen)
+    if protocol != "quick":
+        from .evaluate_protocol import evaluate_protocol
+
+        eps = summary["epsilon_max"]
+        result["protocol"] = evaluate_protocol(
+            evaluator, gen, protocol, epsilon=eps, generate=generate, progress=progress
+        )
     result.update(
         _privacy_summary(summary),
         steps_completed=summary["steps_completed"],
@@ -372,3 +382,7 @@ PROVENANCE = {
 
 def print_eval(result: dict[str, Any]) -> None:
     print(format_eval_table({k: result[k] for k in METRICS if k in result}), flush=True)
+    if "protocol" in result:
+        from .evaluate_protocol import format_protocol
+
+        print(format_protocol(result["protocol"]), flush=True)
