@@ -43,6 +43,7 @@ from frontier_epsilon import (  # noqa: E402  (bench/ is the script's folder)
     recomputed_epsilon,
     reported_epsilon,
 )
+from frontier_protocol import protocol_figures  # noqa: E402
 from frontier_report import PUBLISHED, markdown  # noqa: E402
 
 from common.evaluation.frontier_plot import plot_frontier  # noqa: E402
@@ -226,6 +227,8 @@ def one_point(
             name = None if lever is None else LEVERS[scale][lever][0]
             return {"strategy": strategy, "target": target, "lever": name, **label, "error": f"exit {code}, see {log}"}
     point = point_from_run(strategy, target, out, wall)
+    if args.protocol != "quick":
+        point.update(protocol_figures(out, args.protocol, evaluate=not args.collect_only))
     if lever is not None:
         point["lever"] = LEVERS[scale][lever][0]
     return {**point, **label}
@@ -288,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--fid-samples", type=int, default=500, help="Inception FID samples N per point")
     parser.add_argument("--inception", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--protocol",
+        choices=("quick", "dpimagebench", "dpimagebench-cpu"),
+        default="quick",
+        help="also evaluate each point under DPImageBench's protocol (fedgan evaluate --protocol; not with "
+        "--collect-only, which reads the figures runs already have) and add its column",
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "frontier", help="run directories")
     parser.add_argument("--reuse", action="store_true", help="keep finished runs in --work instead of rerunning")
     parser.add_argument(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontier_protocol import protocol_cell, published_table
+
 PUBLISHED = [  # figures from the papers, with their units: none of them is a per-client guarantee
     {
         "source": "GS-WGAN re-run under one protocol (issue 12's reference)",
@@ -41,19 +43,20 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         f"Command: `{command}`",
         "",
         "| strategy | ε unit | target ε | ε spent (recomputed) | σ | FID (N) | domain FID | IS "
-        "| gen2real CNN / MLP | real2gen CNN | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gen2real CNN / MLP | real2gen CNN | gen2real, protocol | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in [r for r in rows if r.get("lever") is None and r.get("variant") is None]:
         if "error" in r:
-            lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['strategy']} | | {r['target']:g} | failed: {r['error']} | | | | | | | | |")
             continue
         eps = "∞ (no noise)" if r["epsilon"] is None else f"{r['epsilon']:.3g}"
         fid = _fid_cell(r)
         lines.append(
             f"| {r['strategy']} | {r['epsilon_unit']} | {r['target']:g} | {eps} | {r['noise_multiplier']:.3g} | {fid} "
             f"| {f(r['fid_domain'], '.1f')} | {f(r['inception_score'], '.2f')} "
-            f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} | {r['real2gen_cnn']:.1%} | {f(r['wall_s'], '.0f')} |"
+            f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} | {r['real2gen_cnn']:.1%} | {protocol_cell(r)} "
+            f"| {f(r['wall_s'], '.0f')} |"
         )
     levers = [r for r in rows if r.get("lever") is not None]
     if levers:
@@ -81,6 +84,8 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         lines.append(
             f"| {p['source']} | {p['dataset']} | {p['method']} | {p['epsilon']} | {p['fid']} | {p['gen2real']:.1%} |"
         )
+    if any(r.get("protocol_acc") is not None for r in rows):
+        lines += published_table()
     return "\n".join(lines) + "\n"
 
 

@@ -112,3 +112,17 @@ def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
         if variant_strategy == strategy:
             flags = module.run_flags("cpu", strategy, 100.0, args, tmp_path / "run", variant=i)
             assert build_parser().parse_args(flags).strategy == strategy
+
+
+def test_frontier_reads_a_runs_protocol_figures_and_tabulates_them(tmp_path, monkeypatch):
+    """--protocol: a point takes its run's figures under that protocol (and none of another one)."""
+    module = load_bench(ROOT / "bench" / "frontier_protocol.py", monkeypatch)
+    fid = {"value": 88.0, "num_samples": 2000}
+    got = {"protocol": "dpimagebench-cpu", "mean": 0.71, "std": 0.02, "mean_noiseless_selection": 0.72, "fid": fid}
+    (tmp_path / "eval.json").write_text(json.dumps({"protocol": {**got, "validation_in_training": False}}))
+    point = module.protocol_figures(tmp_path, "dpimagebench-cpu", evaluate=False)
+    assert point["protocol_acc"] == 0.71 and point["protocol_fid"] == 88.0
+    assert module.protocol_cell(point) == "71.0% ± 2.0%, FID 88 (N 2,000)"
+    assert module.protocol_figures(tmp_path, "dpimagebench", evaluate=False)["protocol_acc"] is None
+    assert module.protocol_cell({"protocol_acc": None}) == "—"
+    assert any("DP-Kernel | 70.0%" in line for line in module.published_table())
