@@ -76,13 +76,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         apply_node_policy(args)
         if args.resume:
             run, cfg = _resume_target(args)
+            check_ray_placement(cfg, args.transport)
         else:
             cfg = prepare(resolve_config(args))
-            check_ray_placement(cfg, args.transport)
+            check_ray_placement(cfg, args.transport)  # before the run directory: nothing to clean up
             run = RunDirectory.create(cfg, state_dir=getattr(args, "node_state", None))
             run.lock()
-        if args.resume:
-            check_ray_placement(cfg, args.transport)
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

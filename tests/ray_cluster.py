@@ -97,7 +97,9 @@ def two_node_cluster() -> Iterator[RayCluster]:
         pytest.skip(f"no ray CLI at {RAY}")
     base = Path(tempfile.mkdtemp(prefix="fgray", dir="/tmp"))
     ports = _free_ports(15)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Like another machine's, the nodes know nothing of this process's FEDGAN_* settings (a node's
+    # place and policy): a run must hand them to its actors itself.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("FEDGAN_")}
     env.update(RAY_TMPDIR=str(base), RAY_DISABLE_USAGE_STATS="1")
     cluster = RayCluster(address=f"127.0.0.1:{ports[0]}", base=base)
     try:

@@ -82,6 +82,9 @@ def test_a_simulation_on_a_two_node_cluster_equals_the_local_run(tmp_path, monke
     assert len({a["JobID"] for a in actors}) == 1 and len(actors) == 2  # one run's pool: one per node
 
     assert json.loads((remote / "config.json").read_text())["ray_address"] == "auto"
+    # the nodes kept their state and ledgers in the run's clients/ (FEDGAN_NODE_STATE reached the actors)
+    ledgers = sorted(path.name for path in (remote / "clients").glob("node-ledger-*.json"))
+    assert ledgers == [f"node-ledger-{i:05d}.json" for i in range(3)]
     a, b = (json.loads((run / "summary.json").read_text()) for run in (local, remote))
     assert a["status"] == b["status"] == "completed" and a["steps_completed"] == b["steps_completed"] == 3
     for mine, theirs in zip(a["clients"], b["clients"], strict=True):
