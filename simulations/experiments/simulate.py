@@ -132,7 +132,8 @@ def run_on_transport(
 
     from ..env import restored_env
 
-    # FEDGAN_NODE_STATE for this run's simulated nodes (Ray's actors inherit it), restored after
+    # FEDGAN_NODE_STATE for this run's simulated nodes (a local Ray's actors inherit it, a cluster's get it
+    # in the run's runtime_env: ray_cluster.actor_env), restored after
     with restored_env(NODE_STATE_ENV, None if node_state is None else str(Path(node_state).resolve())):
         return _run_on_transport(
             num_clients, server_fn, transport, reply_timeout_s, client_app, parallel, ray or RayPlacement()
