@@ -172,10 +172,24 @@ class RunOptions:
     parallel_clients: int = option(
         1,
         "simulations: clients computed at once when a step queries several (clients_per_step > 1): Flower's "
-        "simulation runs this many ClientApp actors (separate processes) with cores/N threads each, so a "
-        "step of m clients takes about ceil(m/N) client times; the in-process transport ignores it (it stacks a "
-        "step's GS-WGAN clients into one network instead, see stack-clients). Wall time only: every client "
-        "computes exactly as alone",
+        "simulation runs this many ClientApp actors (separate processes) with cores/N threads each (unless "
+        "ray-actor-cpus says), so a step of m clients takes about ceil(m/N) client times; the in-process "
+        "transport ignores it (it stacks a step's GS-WGAN clients into one network instead, see "
+        "stack-clients). Wall time only: every client computes exactly as alone",
+    )
+    ray_address: str = option(
+        "",
+        "simulations: the Ray cluster Flower's simulation runs its ClientApp actors on: empty = a fresh local "
+        "Ray instance of this run's own (this machine's cores); auto = the cluster `ray start --head` last started "
+        "on this machine (or $RAY_ADDRESS); HOST:PORT = the GCS address `ray start --head` printed. On a cluster "
+        "the reaper watches nothing (Ray ends the run's actors itself), and every machine needs this checkout at "
+        "the same path and the run directory's clients/ (or --node-state) on a shared filesystem",
+    )
+    ray_actor_cpus: int = option(
+        0,
+        "simulations: cores each ClientApp actor reserves, and the threads it computes with (0: the Ray "
+        "instance's cores / parallel-clients, at most one node's cores); must fit on one node of the "
+        "instance. Wall time only",
     )
     # --- deployment data plane (`flwr run` / `fedgan deploy`; simulations ignore these) ---------
     dataplane: str = option(
@@ -234,6 +248,22 @@ class RunOptions:
     )
 
 
+def ray_address_problem(address: str) -> str:
+    """Why ``address`` is no ``ray_address`` (""): empty, ``auto`` or the cluster's GCS as HOST:PORT. Ray
+    Client addresses (ray://) are refused: the simulation's driver must join the cluster itself."""
+    if address in ("", "auto"):
+        return ""
+    if "://" in address:
+        return (
+            "Ray Client (ray://) is not supported: run fedgan on a machine of the cluster and give the GCS "
+            "address HOST:PORT that `ray start --head` printed (or auto)"
+        )
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535 or any(ch.isspace() for ch in host):
+        return "expected empty (a local Ray instance), auto, or HOST:PORT of the cluster's GCS (e.g. 10.0.0.5:6379)"
+    return ""
+
+
 def _check_subset(c: RunOptions) -> None:
     try:
         ids = c.participants()
@@ -284,6 +314,8 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
     )
     check(c.secagg_degree >= 0, "secagg_degree", c.secagg_degree, "must be >= 0 (0: automatic)")
     check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
+    check(not ray_address_problem(c.ray_address), "ray_address", c.ray_address, ray_address_problem(c.ray_address))
+    check(0 <= c.ray_actor_cpus <= 4096, "ray_actor_cpus", c.ray_actor_cpus, "must be in [0, 4096] (0: automatic)")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
     check(not check_device_name(c.device), "device", c.device, check_device_name(c.device))

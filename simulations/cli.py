@@ -98,7 +98,7 @@ def _simulate_parser(sub) -> None:
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its checkpoint "
-        "(its config.json is used; only --steps, output options and --parallel-clients may change)",
+        "(its config.json is used; only --steps, output options, --parallel-clients and --ray-* may change)",
     )
     _experiment_flags(sim)
 

@@ -29,6 +29,8 @@ RESUMABLE_OVERRIDES = {
     "eval_inception",
     "inception_weights",
     "parallel_clients",  # wall time only: each client computes exactly as before
+    "ray_address",  # where the actors run, not what they compute
+    "ray_actor_cpus",
 }
 
 
@@ -57,6 +59,15 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
     return ExperimentConfig.from_mapping(given, source="command line")
 
 
+def check_ray_placement(cfg: ExperimentConfig, transport: str) -> None:
+    """Flower's simulation only: the cluster named by ray_address answers and ray_actor_cpus fits one
+    of its nodes (or this machine), within a bounded time; a ConfigError naming the option if not."""
+    if transport == "flower":
+        from .experiments.ray_cluster import check_placement
+
+        check_placement(cfg.ray_address, cfg.ray_actor_cpus, cfg.parallel_clients)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from common.data import DataError
     from server.reporting import RunDirectory, RunDirectoryError
@@ -65,8 +76,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         apply_node_policy(args)
         if args.resume:
             run, cfg = _resume_target(args)
+            check_ray_placement(cfg, args.transport)
         else:
             cfg = prepare(resolve_config(args))
+            check_ray_placement(cfg, args.transport)  # before the run directory: nothing to clean up
             run = RunDirectory.create(cfg, state_dir=getattr(args, "node_state", None))
             run.lock()
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
@@ -161,6 +174,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cfg = resolve_config(args)
         for name in STRATEGY_ORDER:  # every strategy's own checks (its data too) now, not after the others trained
             prepare(cfg.replace(strategy=name))
+        check_ray_placement(cfg, args.transport)
         if cfg.out:
             check_new_compare_dir(Path(cfg.out))
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
@@ -235,6 +249,7 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
         if "invert_prob" not in vars(args):
             args.invert_prob = 0.5  # the task's default: half of the clients have the bug
         cfg = prepare(resolve_config(args))
+        check_ray_placement(cfg, args.transport)
         if not 0 < cfg.invert_prob < 1:
             raise ConfigError(
                 f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "

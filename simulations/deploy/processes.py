@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
@@ -39,16 +39,17 @@ def alive(proc: Proc) -> bool:
     return stat is not None and stat[0] not in ("Z", "X") and stat[2] == proc[1]
 
 
-def descendants(roots: list[int]) -> list[Proc]:
-    """Every live process below ``roots`` (children, grandchildren, ...)."""
+def descendants(roots: list[int], *, prune: Collection[Proc] = ()) -> list[Proc]:
+    """Every live process below ``roots`` (children, grandchildren, ...), leaving out each process of
+    ``prune`` and everything below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
             children.setdefault(stat[1], []).append(int(entry.name))
-    found, todo = [], list(roots)
+    found, todo, pruned = [], list(roots), set(prune)
     while todo:
         for child in children.get(todo.pop(), []):
-            if (proc := identity(child)) is not None:
+            if (proc := identity(child)) is not None and proc not in pruned:
                 found.append(proc)
                 todo.append(child)
     return found

@@ -31,7 +31,7 @@ from server.reporting import RunDirectory, atomic_write_json, next_run_dir
 from server.session import hello
 from server.strategy import Outgoing, PriorReleases
 
-from .simulate import run_on_transport
+from .simulate import RayPlacement, run_on_transport
 
 BRIGHT_LEVEL = 0.5  # mean intensity of an upright digit is ~0.13, of an inverted one ~0.87
 
@@ -122,6 +122,7 @@ def debug_task(
         lambda t: select_suspects(cfg, classifier, t, noise_multiplier=selection_noise),
         transport,
         reply_timeout_s=cfg.reply_timeout_s,
+        ray=RayPlacement.of(cfg),
         node_state=state_dir,
     )
     if error is not None:
@@ -169,6 +170,7 @@ def _train_group(
         lambda t: run_experiment(group_cfg, run, t, transport_name=transport, prior=prior),
         transport,
         reply_timeout_s=cfg.reply_timeout_s,
+        ray=RayPlacement.of(cfg),
         node_state=run.state_dir,
     )
     if error is not None:

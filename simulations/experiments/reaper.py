@@ -15,6 +15,12 @@ Nothing can run in a process that was SIGKILLed, so the cleanup lives in a separ
 - A pid is only ever signalled while it still has the start time it had as a descendant, so a
   reused pid is never touched; the next run and ``--resume`` start their own Ray instance
   (``address="local"``) and never attach to what a killed run left.
+- What the CLI's process already ran when the watch began, and everything below it, is never
+  recorded: ``watch()`` lists those processes and hands them to the reaper. A program that calls the
+  simulation in its own process (a test, a benchmark) may have started a Ray cluster, a Docker engine
+  or anything else of its own first: those are not the simulation's to end.
+- Only a local Ray instance is watched: a run on an existing cluster (``ray_address``) starts no Ray
+  process and runs no reaper (``ray_cluster.py``); the cluster, whoever started it, is never touched.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from simulations.deploy.processes import Proc, alive, descendants, end, identity
@@ -36,10 +42,12 @@ GRACE_S = 5.0  # after SIGTERM, before SIGKILL
 
 @contextmanager
 def watch() -> Iterator[subprocess.Popen]:
-    """While the block runs (and after this process dies, however it dies), a reaper watches this
-    process's descendants; on leaving the block it ends those still running and exits."""
+    """While the block runs (and after this process dies, however it dies), a reaper watches the
+    processes this process starts from now on (and their descendants); on leaving the block it ends
+    those still running and exits. What runs already, and what it starts, is spared."""
+    spared = [f"{pid}:{start}" for pid, start in descendants([os.getpid()])]
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "simulations.experiments.reaper", str(os.getpid())],
+        [sys.executable, "-m", "simulations.experiments.reaper", str(os.getpid()), *spared],
         stdin=subprocess.PIPE,
         start_new_session=True,  # a Ctrl-C to the terminal's process group must not end it first
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -55,17 +63,23 @@ def watch() -> Iterator[subprocess.Popen]:
 
 
 def reap(
-    parent: int, stdin_fd: int, *, poll_s: float = POLL_S, settle_s: float = SETTLE_S, grace_s: float = GRACE_S
+    parent: int,
+    stdin_fd: int,
+    *,
+    spared: Collection[Proc] = (),
+    poll_s: float = POLL_S,
+    settle_s: float = SETTLE_S,
+    grace_s: float = GRACE_S,
 ) -> list[Proc]:
-    """Record ``parent``'s descendants until ``stdin_fd`` reaches EOF, give them ``settle_s`` to
-    exit on their own, then end the rest.
+    """Record ``parent``'s descendants, less ``spared`` and everything below them, until ``stdin_fd``
+    reaches EOF, give them ``settle_s`` to exit on their own, then end the rest.
 
     Returns the processes that were still running after ``settle_s`` (and were signalled)."""
     seen: dict[int, Proc] = {}
     root = identity(parent)
     while True:
         if root is not None and alive(root):
-            for proc in descendants([parent]):
+            for proc in descendants([parent], prune=spared):
                 if proc[0] != os.getpid():
                     seen[proc[0]] = proc
         ready, _, _ = select.select([stdin_fd], [], [], poll_s)
@@ -83,7 +97,8 @@ def main(argv: list[str]) -> int:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only EOF on stdin ends the watch
-    left = reap(int(argv[0]), sys.stdin.fileno())
+    spared = [(int(pid), int(start)) for pid, start in (arg.split(":") for arg in argv[1:])]
+    left = reap(int(argv[0]), sys.stdin.fileno(), spared=spared)
     if left:
         pids = ", ".join(str(p[0]) for p in left)
         print(f"fedgan: ended {len(left)} process(es) the simulation left running (pids {pids})", file=sys.stderr)

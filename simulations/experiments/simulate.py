@@ -10,6 +10,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -98,6 +99,7 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: th
         reply_timeout_s=cfg.reply_timeout_s,
         parallel=cfg.parallel_clients,
         node_state=run.state_dir,
+        ray=RayPlacement.of(cfg),
     )
 
 
@@ -116,6 +118,7 @@ def run_on_transport(
     client_app: Any = None,
     parallel: int = 1,
     node_state: str | Path | None = None,
+    ray: RayPlacement | None = None,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
     (one SuperNode per client; a client silent for ``reply_timeout_s`` once its ClientApp started is
@@ -123,17 +126,21 @@ def run_on_transport(
     ClientApp actors) or by calling the ClientApp in-process. Returns (result, error).
     ``client_app``: the project's unless a test passes another. ``node_state``: where the simulated
     nodes keep their state and their own privacy ledgers (``FEDGAN_NODE_STATE``, as the operator of
-    real nodes sets their node config's ``state-dir``); the server never tells a node where."""
+    real nodes sets their node config's ``state-dir``); the server never tells a node where.
+    ``ray``: the Ray instance Flower's simulation runs on (default: a fresh local one of our own)."""
     from common.privacy.node_ledger import NODE_STATE_ENV
 
     from ..env import restored_env
 
-    # FEDGAN_NODE_STATE for this run's simulated nodes (Ray's actors inherit it), restored after
+    # FEDGAN_NODE_STATE for this run's simulated nodes (a local Ray's actors inherit it, a cluster's get it
+    # in the run's runtime_env: ray_cluster.actor_env), restored after
     with restored_env(NODE_STATE_ENV, None if node_state is None else str(Path(node_state).resolve())):
-        return _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel)
+        return _run_on_transport(
+            num_clients, server_fn, transport, reply_timeout_s, client_app, parallel, ray or RayPlacement()
+        )
 
 
-def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel):
+def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel, ray):
     batch_handlers = None
     if client_app is None:
         from client.app import BATCH_HANDLERS as batch_handlers
@@ -151,21 +158,17 @@ def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client
     from server.app import RunResult, make_server_app
 
     from .flower_tuning import clocked_client_apps, prompt_message_delivery, run_client_actors_at_normal_priority
-    from .reaper import watch
+    from .ray_cluster import ray_backend
 
     _quiet_flower()
     run_client_actors_at_normal_priority()
     result = RunResult()
-    cpus = os.cpu_count() or 1
-    backend = {
-        "client_resources": {"num_cpus": actor_cpus(cpus, parallel), "num_gpus": 0.0},
-        # "local": always a fresh Ray instance of our own, never one left behind by a killed run
-        # (whose agents may ignore SIGTERM): ray.init() would otherwise attach to it. watch() below
-        # ends such leftovers when this process is killed.
-        "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": True, "address": "local"},
-    }
     try:
-        with watch(), prompt_message_delivery() as on_pushed, clocked_client_apps() as clock:
+        with (
+            ray_backend(ray.address, ray.actor_cpus, parallel) as backend,
+            prompt_message_delivery() as on_pushed,
+            clocked_client_apps() as clock,
+        ):
             run_simulation(
                 server_app=make_server_app(
                     server_fn, result, on_pushed=on_pushed, reply_timeout_s=reply_timeout_s, clock=clock
@@ -179,11 +182,28 @@ def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client
     return result.summary, result.error
 
 
+@dataclass(frozen=True)
+class RayPlacement:
+    """The Ray instance Flower's simulation runs its ClientApp actors on (``ray_cluster.py``): a fresh
+    local one of our own (``address`` empty) or an existing cluster; ``actor_cpus``: cores per actor
+    (0: automatic)."""
+
+    address: str = ""
+    actor_cpus: int = 0
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> RayPlacement:
+        return cls(cfg.ray_address, cfg.ray_actor_cpus)
+
+
 def actor_cpus(cpus: int, parallel: int) -> int:
-    """Cores each ClientApp actor reserves: Ray runs cpus // that many actors at once, so ``parallel``
-    clients of one step compute side by side (at most one per core). Ray also sets each actor's
-    OMP_NUM_THREADS to its cores (unless the user set it), which ``client.node.client_threads`` reads."""
-    return max(1, cpus // max(1, parallel))
+    """Cores each ClientApp actor reserves on a local instance of ``cpus`` cores when ray_actor_cpus is
+    automatic: Ray runs cpus // that many actors at once, so ``parallel`` clients of one step compute
+    side by side (at most one per core). Ray also sets each actor's OMP_NUM_THREADS to its cores
+    (unless the user set it), which ``client.node.client_threads`` reads."""
+    from .ray_cluster import actor_cpus_for
+
+    return actor_cpus_for([cpus], 0, parallel)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict:

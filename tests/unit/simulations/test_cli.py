@@ -75,9 +75,10 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
     assert main(["simulate", "--resume", str(out), "--clip", "2.0"]) == 2
     assert "cannot change clip" in capsys.readouterr().err
     resumed = ["simulate", "--resume", str(out), "--steps", "5", "--no-progress", "--transport", "inprocess"]
-    assert main([*resumed, "--parallel-clients", "2"]) == 0
+    assert main([*resumed, "--parallel-clients", "2", "--ray-actor-cpus", "1"]) == 0  # where, not what
     assert json.loads((out / "summary.json").read_text())["steps_completed"] == 5
-    assert json.loads((out / "config.json").read_text())["parallel_clients"] == 2
+    resumed_cfg = json.loads((out / "config.json").read_text())
+    assert resumed_cfg["parallel_clients"] == 2 and resumed_cfg["ray_actor_cpus"] == 1
 
 
 def test_data_info_reports_partitions(capsys):
