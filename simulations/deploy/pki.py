@@ -111,13 +111,16 @@ def make_node_key(folder: Path, name: str) -> NodeKey:
 SERVER_FOLDER = "server"
 SERVER_HOLDS = "the TLS private key of the SuperLink and the data plane (server.key)"
 NODE_HOLDS = "this SuperNode's private key (SuperNode authentication)"
+# Named too, so the same files serve docker-compose.server.yml (its services dial these names).
+COMPOSE_SERVICES = ("superlink", "serverapp")
 
 
 def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict[str, list[Path]]:
     """One folder per host of a deployment across hosts, holding exactly what that host needs:
 
     ``server/``: ca.crt, server.pem and server.key (SuperLink and data plane; the certificate names
-    ``server_hosts``, the addresses or names the nodes dial, and localhost for ``flwr`` there) and
+    ``server_hosts``, the addresses or names the nodes dial, localhost for ``flwr`` there, and the
+    compose services superlink and serverapp) and
     every ``supernode-<i>.pub`` to register; ``supernode-<i>/``: ca.crt and that node's private key.
     Folders holding a private key get a DO_NOT_PUBLISH.txt. Existing files are never replaced.
     """
@@ -129,7 +132,7 @@ def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict
         raise FileExistsError(f"{folder} is not empty; choose a new folder (nothing in it was replaced)")
     server = folder / SERVER_FOLDER
     mark_private(server, SERVER_HOLDS)
-    tls = make_tls(server, hosts=list(dict.fromkeys([*server_hosts, "localhost", "127.0.0.1"])))
+    tls = make_tls(server, hosts=list(dict.fromkeys([*server_hosts, *COMPOSE_SERVICES, "localhost", "127.0.0.1"])))
     layout = {SERVER_FOLDER: [tls.ca_cert, tls.server_cert, tls.server_key]}
     for i in range(1, num_nodes + 1):
         name = f"supernode-{i}"
