@@ -5,6 +5,8 @@ The compose test (tests/deployment/test_compose_up.py) and the latency benchmark
 file or the TLS overlay, `flwr run . <federation> --stream --run-config ...`, `flwr ls --format
 json`, and `docker-compose down -v`; a Docker engine (DOCKER_HOST) and the images must be there
 (deploy/offline/dockerd.sh and build-images.sh where no engine runs and no registry is reachable).
+``ComposeAcrossHosts`` does the same for the README's "Across hosts with Docker Compose", both hosts'
+projects on one engine.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ registry (deploy/offline/build-images.sh: a Debian base from mmdebstrap, stand-i
 images, ours from the unchanged Dockerfile), and then, as a user would: `docker-compose up` of the
 plain file, a short GS-WGAN run with `flwr run` (plaintext data plane on the private compose
 network), `down -v`, the same with the TLS overlay (data plane over TLS), `down -v`, and the
-engine stops. Each run's per-client queries, ε and bytes must equal the same configuration's
-in-process simulation, both runs must have gone through the gRPC data plane, and each node's
-state must stay in its own volume. Skipped, with the reason, only where no engine can start (not
+engine stops. Then the README's "Across hosts with Docker Compose": the server host's project and
+the node host's docker-compose.nodes.yml as two projects, the nodes dialing the server by address.
+Each run's per-client queries, ε and bytes must equal the same configuration's in-process
+simulation, every run must have gone through the gRPC data plane, and each node's state must stay
+in its own volume. Skipped, with the reason, only where no engine can start (not
 root, or no dockerd).
 """
 
