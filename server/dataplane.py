@@ -156,6 +156,7 @@ class GrpcTransport:
         if failed:
             raise DataPlaneError("nodes could not start their data-plane worker: " + "; ".join(failed))
         self._wait_connected(nodes)
+        self._log_peers(host, port)
         threading.Thread(target=self._keepalive, name="dataplane-keepalive", daemon=True).start()
 
     def _wait_connected(self, nodes: list[int]) -> None:
@@ -169,6 +170,13 @@ class GrpcTransport:
                         f"within {self.settings.connect_timeout_s:.0f} s (nodes {missing[:5]})"
                     )
                 self.servicer.connected.wait(timeout=left)
+
+    def _log_peers(self, host: str, port: int) -> None:
+        """One line per worker in the ServerApp's log (``flwr log``): where its stream came from, so
+        an operator (and the cross-host test) sees the data plane cross hosts, or stay on loopback."""
+        security = "TLS" if self.settings.tls_cert else "plaintext"
+        for node, session in sorted(self.servicer.sessions.items()):
+            print(f"data plane: node {node} connected from {session.peer} to {host}:{port} ({security})", flush=True)
 
     def _keepalive(self) -> None:
         """Ping the workers (their idle watchdog) and poll the Grid: `flwr stop` ends the run here."""

@@ -46,6 +46,7 @@ class Session:
     partial: dict[int, Fragments] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
+    peer: str = ""  # where the worker's stream came from, as gRPC names it ("ipv4:10.0.0.2:41234")
 
     def expect(self, seq: int) -> None:
         with self.changed:
@@ -188,7 +189,7 @@ class DataPlaneServicer(pb_grpc.DataPlaneServicer):
         hello = hello_of(context.invocation_metadata())
         if hello is None or not self.authentic(hello):  # the gate let it through: checked again all the same
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node or wrong token for this run")
-        session = Session()
+        session = Session(peer=context.peer())
         with self.connected:
             if hello.node_id in self.sessions:
                 # A token opens one session per run: a second stream (while the worker is connected,

@@ -127,7 +127,8 @@ def _deploy_parser(sub) -> None:
     dep.add_argument(
         "--netns",
         action="store_true",
-        help="run each SuperNode in its own network namespace, joined by a veth pair (needs root and iproute2)",
+        help="run each SuperNode in its own network namespace, as on a host of its own: the nodes dial the "
+        "SuperLink and the data plane at the server's address on a bridge, not loopback (needs root and iproute2)",
     )
     dep.add_argument(
         "--transport",

@@ -5,6 +5,8 @@ The compose test (tests/deployment/test_compose_up.py) and the latency benchmark
 file or the TLS overlay, `flwr run . <federation> --stream --run-config ...`, `flwr ls --format
 json`, and `docker-compose down -v`; a Docker engine (DOCKER_HOST) and the images must be there
 (deploy/offline/dockerd.sh and build-images.sh where no engine runs and no registry is reachable).
+``ComposeAcrossHosts`` does the same for the README's "Across hosts with Docker Compose", both hosts'
+projects on one engine.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class ComposeDeployment:
     engine_env: dict[str, str]
     project: str = field(default_factory=lambda: f"fedgan-{os.getpid()}")
     files: tuple[str, ...] = ()
+    stream: str = ""  # what the last `flwr run --stream` printed (the ServerApp's log)
 
     def __post_init__(self) -> None:
         self.runs, self.data, self.certs, self.flwr_home = (self.workdir / n for n in ("runs", "data", "certs", "flwr"))
@@ -89,6 +92,7 @@ class ComposeDeployment:
             FLWR_HOME=str(self.flwr_home),
         )
         self.dataplane_port = env_file()["DATAPLANE_PORT"]
+        self.nodes_project = self.project  # the project whose volumes hold the nodes' state
 
     # ---- the README's commands --------------------------------------------------------------
     def up(self, *, tls: bool) -> None:
@@ -127,9 +131,8 @@ class ComposeDeployment:
         """A run through the gRPC data plane (plaintext on the plain file's private network, TLS with
         the overlay); returns its summary.json with Flower's status of it under ``flwr_status``."""
         federation = self.federation
-        tls = compose.TLS_FILE in self.files
-        dataplane = (compose.tls_run_config if tls else compose.plain_run_config)(self.dataplane_port)
-        sh(
+        dataplane = self.dataplane_run_config()
+        self.stream = sh(
             BIN / "flwr",
             "run",
             ".",
@@ -144,12 +147,17 @@ class ComposeDeployment:
         summary["flwr_status"] = [r["status"] for r in runs]
         return summary
 
+    def dataplane_run_config(self) -> str:
+        """The data plane's run-config keys for the files in use (the headers' run configs)."""
+        tls = compose.TLS_FILE in self.files
+        return (compose.tls_run_config if tls else compose.plain_run_config)(self.dataplane_port)
+
     def node_volumes(self, num_clients: int) -> dict[int, list[str]]:
         """The files in each node's state volume, listed by a throwaway container."""
         image = self.env.get("FEDGAN_IMAGE") or env_file()["FEDGAN_IMAGE"]
         found = {}
         for i in range(1, num_clients + 1):
-            volume = f"{self.project}_node-{i}-state"
+            volume = f"{self.nodes_project}_node-{i}-state"
             out = sh(
                 "docker", "run", "--rm", "-v", f"{volume}:/state", "--entrypoint", "ls", image, "/state", env=self.env
             )
@@ -171,6 +179,96 @@ class ComposeDeployment:
 
     def _file_args(self) -> list[str]:
         return [arg for name in self.files for arg in ("-f", name)]
+
+
+@dataclass
+class ComposeAcrossHosts(ComposeDeployment):
+    """The README's "Across hosts" with Docker on one engine: the server host's project
+    (docker-compose.yml + TLS overlay + docker-compose.server.yml: superlink and serverapp only) and a
+    node host's project (docker-compose.nodes.yml) with networks of their own, so the nodes reach
+    the server only by address: its network's gateway, where the server publishes its two ports (a
+    second host would use the server host's address). Files from ``pki.make_hosts``; every node's
+    key registered with ``flwr supernode register`` before the nodes start."""
+
+    num_nodes: int = compose.DEFAULT_NUM_CLIENTS
+
+    def __post_init__(self) -> None:
+        import ipaddress
+
+        from . import pki
+
+        super().__post_init__()
+        subnet = self.env.get("FEDGAN_SUBNET") or env_file()["FEDGAN_SUBNET"]
+        self.server_host = str(ipaddress.ip_network(subnet)[1])  # the server network's gateway
+        self.hosts = self.workdir / "hosts"
+        pki.make_hosts(self.hosts, server_hosts=[self.server_host], num_nodes=self.num_nodes)
+        for path in [self.hosts / "server" / "server.key", *self.hosts.glob("supernode-*/supernode-*")]:
+            os.chown(path, FLOWER_UID, FLOWER_UID)  # read by Flower's images (uid 49999)
+        with (self.flwr_home / "config.toml").open("a") as config:
+            config.write(
+                f'\n[superlink.{self.ACROSS}]\naddress = "{self.server_host}:{self.port}"\n'
+                f'root-certificates = "{self.hosts / "server" / "ca.crt"}"\n'
+            )
+        self.env.update(
+            SUPERLINK_HOST_IP=self.server_host,
+            DATAPLANE_HOST_IP=self.server_host,
+            FEDGAN_CERTS_DIR=str(self.hosts / "server"),
+        )
+        self.nodes_project = f"{self.project}-nodes"
+        self.nodes_env = dict(
+            self.env,
+            COMPOSE_PROJECT_NAME=self.nodes_project,
+            FEDGAN_SERVER_HOST=self.server_host,
+            FEDGAN_HOSTS_DIR=str(self.hosts),
+        )
+
+    ACROSS = "across-hosts"  # the `flwr` connection to the server host's published SuperLink
+
+    @property
+    def federation(self) -> str:
+        return self.ACROSS
+
+    def up(self, *, tls: bool = True) -> None:
+        """The server host's `up -d superlink serverapp`, the nodes' keys registered, then the node
+        host's `up -d` (TLS only: across hosts there is no plain variant)."""
+        from . import compose_hosts
+
+        self.files = (compose.BASE_FILE, compose.TLS_FILE, compose_hosts.SERVER_FILE)
+        sh("docker-compose", *self._file_args(), "up", "-d", "superlink", "serverapp", env=self.env)
+        self._wait_for_superlink(timeout_s=120)
+        for key in sorted((self.hosts / "server").glob("supernode-*.pub")):
+            flwr_json(("supernode", "register", str(key), self.ACROSS, "--format", "json"), env=self.env)
+        sh("docker-compose", "-f", compose_hosts.NODES_FILE, "up", "-d", env=self.nodes_env)
+
+    def dataplane_run_config(self) -> str:
+        from . import compose_hosts
+
+        return compose_hosts.across_hosts_run_config(self.dataplane_port, self.server_host)
+
+    def networks(self, project: str) -> dict[str, list[str]]:
+        """Container name -> the networks it is on, for one of the two projects."""
+        label = f"label=com.docker.compose.project={project}"
+        names = sh("docker", "ps", "-q", "--filter", label, env=self.env).split()
+        found = {}
+        for container in names:
+            out = sh("docker", "inspect", "-f", "{{.Name}} {{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}",
+                     container, env=self.env).split()  # fmt: skip
+            found[out[0].lstrip("/")] = sorted(out[1:])
+        return found
+
+    def down(self) -> None:
+        from . import compose_hosts
+
+        if self.files:
+            sh("docker-compose", "-f", compose_hosts.NODES_FILE, "down", "-v", env=self.nodes_env, timeout=300)
+        super().down()
+
+    def leftovers(self) -> tuple[str, str]:
+        server = super().leftovers()
+        label = f"label=com.docker.compose.project={self.nodes_project}"
+        containers = sh("docker", "ps", "-aq", "--filter", label, env=self.env).strip()
+        networks = sh("docker", "network", "ls", "-q", "--filter", label, env=self.env).strip()
+        return server[0] + containers, server[1] + networks
 
 
 def start_engine(state: Path, env: dict[str, str]) -> dict[str, str]:

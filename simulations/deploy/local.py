@@ -1,7 +1,8 @@
 """``fedgan deploy --local``: the experiment as a real Flower deployment on this machine.
 
 A SuperLink and one SuperNode per client run as separate processes on free loopback ports (or,
-with ``--netns``, each SuperNode in its own network namespace), with a private FLWR_HOME; the run is
+with ``--netns``, each SuperNode in its own network namespace, the SuperLink and the data plane
+listening on the server's address on their bridge, as across hosts), with a private FLWR_HOME; the run is
 submitted with ``flwr run`` and followed with ``flwr list``, and only a ``finished:completed`` status
 counts as success (``flwr run`` exits 0 even when the ServerApp fails). ``--tls`` makes a CA and
 runs every connection over TLS; ``--auth`` registers one key per SuperNode and turns on SuperNode
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client.worker import PRIVATE_NETWORK_KEY
 from common.private_paths import CLIENT_STATE, mark_private
 
 from . import netns, pki
@@ -134,6 +136,9 @@ class LocalDeployment:
         self.port = free_port()
         self.dataplane_port = free_port()  # the ServerApp's gRPC data plane, fixed so nodes can be told
         self.namespaces = netns.Namespaces() if self.use_netns else None
+        # Where the SuperLink and the data plane listen: loopback, or the server's address on the
+        # namespaces' bridge (not loopback: what SuperNodes on other hosts dial).
+        self.server_host = "127.0.0.1"
         self.tls_files: pki.TlsFiles | None = None
         self.env = dict(
             os.environ,
@@ -160,11 +165,13 @@ class LocalDeployment:
         for folder in (self.home, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         mark_private(self.workdir / "nodes", NODE_DISKS)
+        if self.namespaces is not None:
+            self.server_host = self.namespaces.open()
         hosts = [self.namespaces.add() for _ in range(self.num_nodes)] if self.namespaces else []
         if self.tls:
             mark_private(self.workdir / "certs", CA_KEYS)  # before the keys exist
             self.tls_files = pki.make_tls(
-                self.workdir / "certs", hosts=["localhost", "127.0.0.1"] + [h.host_ip for h in hosts]
+                self.workdir / "certs", hosts=sorted({"localhost", "127.0.0.1", self.server_host})
             )
         self._start_superlink()
         self._write_flwr_config()
@@ -173,14 +180,15 @@ class LocalDeployment:
             self.nodes.append(self.start_supernode(i, key=keys[i], host=hosts[i] if hosts else None))
 
     def _start_superlink(self) -> None:
-        args = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        args = ["flower-superlink", "--host", self.server_host, "--port", str(self.port)]
+        args.append("--disable-runtime-dependency-installation")
         args += self._server_tls_args()
         if self.auth:
             args.append("--enable-supernode-auth")
         log = self.logs / "superlink.log"
         proc = spawn(args, log=log, env=self.env)
         self.started.append(proc)
-        wait_for_port("127.0.0.1", self.port, 60, proc, log)
+        wait_for_port(self.server_host, self.port, 60, proc, log)
 
     def _server_tls_args(self) -> list[str]:
         if self.tls_files is None:
@@ -201,7 +209,7 @@ class LocalDeployment:
         lines = [
             f'[superlink]\ndefault = "{CONNECTION}"\n',
             f"[superlink.{CONNECTION}]",
-            f'address = "127.0.0.1:{self.port}"',
+            f'address = "{self.server_host}:{self.port}"',
         ]
         lines.append("insecure = true" if self.tls_files is None else f'root-certificates = "{self.tls_files.ca_cert}"')
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
@@ -226,15 +234,16 @@ class LocalDeployment:
     ) -> Node:
         """One SuperNode holding partition ``index`` (or ``partition``), behind its own relay."""
         partition = index if partition is None else partition
-        target = ("127.0.0.1", self.port)
-        relay = WireRelay(host.host_ip if host else "127.0.0.1", target)
+        relay = WireRelay(host.host_ip if host else "127.0.0.1", (self.server_host, self.port))
         state_dir = self.workdir / "nodes" / str(index) / "state"
         mark_private(state_dir, CLIENT_STATE)
         node_config = f"partition-id={partition} num-partitions={self.num_nodes} state-dir='{state_dir}'"
         if self.node_policy is not None:
             node_config += f" privacy-policy='{self.node_policy}'"
-        if host is not None:  # the advertised loopback address is not this node's loopback
-            node_config += f" dataplane-address='{host.host_ip}:{self.dataplane_port}'"
+        if host is not None and self.tls_files is None:
+            # The bridge joins only this machine and its namespaces: the node allows a plaintext data
+            # plane there, as a compose network's nodes do (beyond one machine, use --tls).
+            node_config += f" {PRIVATE_NETWORK_KEY}=true"
         args = [
             "flower-supernode",
             "--superlink",
@@ -309,7 +318,9 @@ class LocalDeployment:
         """Config values that point the run's data plane at this deployment (port, TLS files)."""
         values: dict[str, Any] = {
             "dataplane_port": self.dataplane_port,
-            "dataplane_bind": "0.0.0.0" if self.use_netns else "127.0.0.1",
+            "dataplane_bind": self.server_host,  # loopback, or the server's bridge address (--netns)
+            "dataplane_address": self.server_host,  # what the ServerApp tells the workers to dial
+            "dataplane_private_network": self.use_netns and self.tls_files is None,
         }
         if self.tls_files is not None:
             values.update(
@@ -322,7 +333,11 @@ class LocalDeployment:
     def process_table(self) -> dict[str, Any]:
         """What was started where: for the user, and for tests that kill a node on purpose."""
         return {
-            "superlink": {"pid": self.started[0].pid if self.started else None, "port": self.port},
+            "superlink": {
+                "pid": self.started[0].pid if self.started else None,
+                "host": self.server_host,
+                "port": self.port,
+            },
             "supernodes": [
                 {
                     "index": n.index,
@@ -330,6 +345,7 @@ class LocalDeployment:
                     "log": str(n.log),
                     "relay": list(n.relay.address),
                     "netns": n.host.name if n.host else None,
+                    "address": n.host.node_ip if n.host else "127.0.0.1",
                 }
                 for n in self.nodes
             ],

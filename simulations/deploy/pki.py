@@ -105,3 +105,71 @@ def make_node_key(folder: Path, name: str) -> NodeKey:
         key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
     )
     return files
+
+
+# ---- files for a deployment across hosts ----------------------------------------------------------
+SERVER_FOLDER = "server"
+SERVER_HOLDS = "the TLS private key of the SuperLink and the data plane (server.key)"
+NODE_HOLDS = "this SuperNode's private key (SuperNode authentication)"
+# Named too, so the same files serve docker-compose.server.yml (its services dial these names).
+COMPOSE_SERVICES = ("superlink", "serverapp")
+
+
+def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict[str, list[Path]]:
+    """One folder per host of a deployment across hosts, holding exactly what that host needs:
+
+    ``server/``: ca.crt, server.pem and server.key (SuperLink and data plane; the certificate names
+    ``server_hosts``, the addresses or names the nodes dial, localhost for ``flwr`` there, and the
+    compose services superlink and serverapp) and
+    every ``supernode-<i>.pub`` to register; ``supernode-<i>/``: ca.crt and that node's private key.
+    Folders holding a private key get a DO_NOT_PUBLISH.txt. Existing files are never replaced.
+    """
+    from common.private_paths import mark_private
+
+    if num_nodes < 1 or not server_hosts:
+        raise ValueError("need at least one SuperNode and the server's address (--server-host)")
+    if folder.exists() and any(folder.iterdir()):
+        raise FileExistsError(f"{folder} is not empty; choose a new folder (nothing in it was replaced)")
+    server = folder / SERVER_FOLDER
+    mark_private(server, SERVER_HOLDS)
+    tls = make_tls(server, hosts=list(dict.fromkeys([*server_hosts, *COMPOSE_SERVICES, "localhost", "127.0.0.1"])))
+    layout = {SERVER_FOLDER: [tls.ca_cert, tls.server_cert, tls.server_key]}
+    for i in range(1, num_nodes + 1):
+        name = f"supernode-{i}"
+        node = folder / name
+        mark_private(node, NODE_HOLDS)
+        key = make_node_key(node, name)
+        public = key.public_key.rename(server / key.public_key.name)  # only the server needs it
+        (node / tls.ca_cert.name).write_bytes(tls.ca_cert.read_bytes())
+        layout[name] = [node / tls.ca_cert.name, key.private_key]
+        layout[SERVER_FOLDER].append(public)
+    return layout
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.deploy.pki",
+        description="Make the CA, the server certificate and the SuperNode keys of a deployment across "
+        "hosts, one folder per host (copy each to its host; see the README's 'Across hosts').",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="a new folder")
+    parser.add_argument(
+        "--server-host",
+        action="append",
+        required=True,
+        help="address or DNS name the SuperNodes dial the server host at (repeat for several)",
+    )
+    parser.add_argument("--num-nodes", type=int, required=True, help="SuperNodes (supernode-1 ... supernode-N)")
+    args = parser.parse_args(argv)
+    try:
+        layout = make_hosts(args.out, server_hosts=args.server_host, num_nodes=args.num_nodes)
+    except (ValueError, FileExistsError) as err:
+        parser.error(str(err))
+    for host, files in layout.items():
+        print(f"{args.out / host}/  -> the {host} host: " + ", ".join(f.name for f in files))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,8 @@ from common.methods import ExperimentConfig
 
 from .local import CONNECTION, LocalDeployment
 
+SERVERAPP_LOG = "serverapp.log"  # in deploy/: the ServerApp's log, fetched before the SuperLink stops
+
 
 def run_config_file(cfg: ExperimentConfig, path: Path) -> Path:
     """The whole configuration as a ``flwr run --run-config`` TOML file (every field a key)."""
@@ -76,7 +78,7 @@ def deploy_local(
         run_path / DEPLOY_DIR, cfg.num_clients, tls=tls, auth=auth, use_netns=use_netns, node_policy=node_policy
     ) as dep:
         print(
-            f"SuperLink on 127.0.0.1:{dep.port} ({'TLS' if tls else 'insecure'}"
+            f"SuperLink on {dep.server_host}:{dep.port} ({'TLS' if tls else 'insecure'}"
             f"{', SuperNode auth' if auth else ''}), {cfg.num_clients} SuperNodes"
             f"{' in network namespaces' if use_netns else ''}; logs in {dep.logs}",
             flush=True,
@@ -128,12 +130,14 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
         _quiet(lambda: dep.flwr("stop", run_id, CONNECTION, "--format", "json"))
         return EXIT_INTERRUPTED
     wire = tuple(a - b for a, b in zip(dep.wire_bytes(), wire_at_start, strict=False))
+    # Kept whatever the outcome: once the deployment stops, `flwr log` cannot fetch it any more, and it
+    # says where each data-plane worker connected from.
+    log, last_error = save_serverapp_log(dep, run_id, dep.workdir / SERVERAPP_LOG)
     summary_path = run_path / "summary.json"
     if not summary_path.is_file():
         from server.reporting import FAILURE_FILE
 
         failure = run_path / FAILURE_FILE
-        log, last_error = save_serverapp_log(dep, run_id, dep.workdir / "serverapp.log")
         why = f": {failure.read_text().strip()}" if failure.is_file() else (f": {last_error}" if last_error else "")
         print(
             f"fedgan: the run ended as {info['status']} without a summary{why}\nServerApp log: "

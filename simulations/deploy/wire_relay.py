@@ -3,7 +3,8 @@
 Flower's traffic counters see protobuf messages, not what crosses the network: HTTP headers, TLS
 records, the SuperNode's idle polls and heartbeats are invisible to them. ``fedgan deploy --local``
 puts one relay in front of the SuperLink per SuperNode, so the bytes each node really exchanged
-are measured, and the HTTP overhead is reported next to the payload instead of guessed.
+are measured, and the HTTP overhead is reported next to the payload instead of guessed. It also
+notes where the node's connections came from (``peers``), which says whether they crossed hosts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class WireRelay:
         self._lock = threading.Lock()
         self.up = 0  # node -> SuperLink
         self.down = 0  # SuperLink -> node
+        self.peers: set[str] = set()  # addresses the node's connections came from
         self._server = socket.create_server((listen_host, 0))
         self.address = self._server.getsockname()[:2]
         self._closed = threading.Event()
@@ -39,9 +41,11 @@ class WireRelay:
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
-                client, _ = self._server.accept()
+                client, peer = self._server.accept()
             except OSError:
                 return
+            with self._lock:
+                self.peers.add(peer[0])
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
                 upstream.settimeout(None)

@@ -5,9 +5,11 @@ registry (deploy/offline/build-images.sh: a Debian base from mmdebstrap, stand-i
 images, ours from the unchanged Dockerfile), and then, as a user would: `docker-compose up` of the
 plain file, a short GS-WGAN run with `flwr run` (plaintext data plane on the private compose
 network), `down -v`, the same with the TLS overlay (data plane over TLS), `down -v`, and the
-engine stops. Each run's per-client queries, ε and bytes must equal the same configuration's
-in-process simulation, both runs must have gone through the gRPC data plane, and each node's
-state must stay in its own volume. Skipped, with the reason, only where no engine can start (not
+engine stops. Then the README's "Across hosts with Docker Compose": the server host's project and
+the node host's docker-compose.nodes.yml as two projects, the nodes dialing the server by address.
+Each run's per-client queries, ε and bytes must equal the same configuration's in-process
+simulation, every run must have gone through the gRPC data plane, and each node's state must stay
+in its own volume. Skipped, with the reason, only where no engine can start (not
 root, or no dockerd).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from simulations.deploy import compose
-from simulations.deploy.compose_run import ComposeDeployment
+from simulations.deploy.compose_run import ComposeAcrossHosts, ComposeDeployment
 from tests import compose_engine
 from tests.helpers import ROOT, flags
 
@@ -56,8 +59,10 @@ def engine():
     return compose_engine.wait()
 
 
-def simulated(tmp_path: Path) -> dict:
-    out = tmp_path / "simulated"
+@pytest.fixture(scope="module")
+def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same configuration's in-process simulation, which every compose run must equal."""
+    out = tmp_path_factory.mktemp("compose-sim") / "simulated"
     argv = [str(BIN / "fedgan"), "simulate", *flags(transport="inprocess", progress=False, out=out, **RUN)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,10 +80,10 @@ def assert_matches(deployed: dict, sim: dict) -> None:
         assert deployed["comm"][key] == sim["comm"][key], key
 
 
-def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
+def test_compose_plain_then_tls_matches_the_simulation(engine, simulation, tmp_path):
     engine, build_s = engine
     t0 = time.monotonic()
-    sim = simulated(tmp_path)
+    sim = simulation
     deployment = ComposeDeployment(tmp_path / "deployment", engine, project=f"fedgan-test-{os.getpid()}")
     summaries = {}
     try:
@@ -95,3 +100,33 @@ def test_compose_plain_then_tls_matches_the_simulation(engine, tmp_path):
     latency = {k: s["step_latency_s"]["median"] for k, s in summaries.items()}
     took = time.monotonic() - t0
     print(f"\ncompose: images {build_s:.0f} s (in the background), test {took:.0f} s; median step {latency} s")
+
+
+def test_compose_across_hosts_on_one_engine(engine, simulation, tmp_path):
+    """The README's "Across hosts" with Docker: the server host's project (base + TLS + server overlay,
+    superlink and serverapp only) and the node host's docker-compose.nodes.yml as a second project
+    with a network of its own, its SuperNodes dialing the server by address with TLS and their own
+    registered keys. The run equals the simulation, the nodes share no network with the server, and
+    every worker's stream came in through the data plane's published port (Docker relays it from the
+    server network's gateway, the address the nodes dial), not from inside the server's network."""
+    engine, _ = engine
+    hosts = ComposeAcrossHosts(tmp_path / "hosts", engine, project=f"fedgan-hosts-{os.getpid()}")
+    try:
+        hosts.up()
+        summary = hosts.flwr_run("across", **RUN)
+        assert_matches(summary, simulation)
+        assert hosts.node_volumes(RUN["num_clients"]) == EACH_NODE_ALONE
+        nodes = hosts.networks(hosts.nodes_project)
+        assert sorted(nodes) == sorted(
+            f"{hosts.nodes_project}_{kind}-{i}_1" for kind in ("supernode", "clientapp") for i in range(1, 4)
+        )
+        assert all(networks == [f"{hosts.nodes_project}_default"] for networks in nodes.values()), nodes
+        assert {n for ns in hosts.networks(hosts.project).values() for n in ns} == {f"{hosts.project}_default"}
+        peers = re.findall(
+            r"data plane: node \d+ connected from ipv4:([\d.]+):\d+ to ([\d.]+):(\d+) \((\w+)\)", hosts.stream
+        )
+        assert len(peers) == RUN["num_clients"], hosts.stream[-3000:]
+        assert set(peers) == {(hosts.server_host, hosts.server_host, hosts.dataplane_port, "TLS")}
+    finally:
+        hosts.down()
+    assert hosts.leftovers() == ("", "")
