@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         "fit": {"a": a, "b": b, "fid_10000": a + b / 10_000, "fid_inf": a},
         "bias_vs_10000": {str(n): f - (a + b / 10_000) for n, f in zip(ns, fids, strict=True)},
     }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "protocol-cost.json").write_text(json.dumps(result, indent=2) + "\n")  # the FID part, kept
     if not args.skip_classifiers:
         spec = recipe("dpimagebench-cpu")
         start = time.perf_counter()
