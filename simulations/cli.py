@@ -190,7 +190,7 @@ def _evaluate_parser(sub) -> None:
         help="quick: the run's own figures only; dpimagebench: also DPImageBench's (60,000 synthetic images, "
         "ResNet-110 / WRN-40-4 / ResNeXt-29 for 50 epochs, selection on a Laplace-noised validation split, FID "
         "against the training split at N = 60,000: a GPU's work); dpimagebench-cpu: the same with the "
-        "families' smallest networks, 5 epochs and FID at N = 2,000 (about 40 minutes on 2 CPU cores)",
+        "families' smallest networks, 5 epochs and FID at N = 3,000",
     )
 
 
