@@ -33,6 +33,7 @@ NOT_PUBLISHED = (
 
 def _as_tensors(ds: Dataset, idx: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     images, labels = (ds.images, ds.labels) if idx is None else (ds.images[idx], ds.labels[idx])
+    images, labels = np.array(images), np.array(labels)  # writable copies: a loaded set may be read-only
     return torch.from_numpy(images).float().div(255.0).unsqueeze(1), torch.from_numpy(labels).long()
 
 
