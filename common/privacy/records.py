@@ -124,6 +124,11 @@ class ClientRecords:
         own, charged = self.own_total(client_id), self.charged.get(client_id, NO_RELEASES)
         return charged if charged.exceeds(own, delta=self.delta) else own
 
+    def clients(self) -> list[int]:
+        """The clients with any record (charged, or a ledger of their own), ascending: every other
+        client has released nothing."""
+        return sorted(self.charged.keys() | self.own.keys() | self.earlier.keys())
+
     def ledgers(self, client_ids: range | list[int]) -> dict[int, PrivacyLedger]:
         return {cid: self.ledger_of(cid) for cid in client_ids}
 
