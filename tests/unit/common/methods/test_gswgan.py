@@ -323,6 +323,10 @@ def test_a_live_privacy_report_lists_the_clients_with_a_record_not_the_whole_fed
     assert [c["client_id"] for c in live["clients"]] == [0] and live["clients"][0]["queries"] == 3
     final = s.privacy_report(final=True)
     assert len(final["clients"]) == 100_000 and final["epsilon_max"] == live["epsilon_max"] > 0
+    assert s.privacy_report()["clients"] is live["clients"]  # no record changed: the entries are reused
+    s.configure_step(3, [102])
+    s.aggregate_step(3, [Incoming(102, gs_answer(step=3))])
+    assert [c["client_id"] for c in s.privacy_report()["clients"]] == [0, 1]
 
 
 def test_gswgan_reports_the_larger_of_the_clients_ledger_and_its_own_record(tmp_path):
