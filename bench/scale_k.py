@@ -27,6 +27,7 @@ step beside it. Every process computes on one thread (``bench/scale.py`` says wh
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -99,16 +100,44 @@ def _status_mib(field: str) -> float:
     return round(int(text.split(f"{field}:")[1].split()[0]) / 1024, 1)
 
 
+class GcClock:
+    """Seconds Python's garbage collector ran, and its full (generation 2) collections: their cost
+    grows with every object alive, so a federation held in memory would show here."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._began = 0.0, 0, 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._began
+        self.full += info["generation"] == 2
+
+
 class PhaseClock(TimedTransport):
-    """``TimedTransport`` that also notes this process's resident memory when the first step
-    exchange starts (after the hello: what the federation itself costs to hold)."""
+    """``TimedTransport`` that also notes, when the first step exchange starts (after the hello),
+    this process's resident memory (what holding the federation costs) and the collector's time."""
 
     rss_after_hello_mib: float | None = None
+    gc_at_first_step: tuple[float, int] = (0.0, 0)
+
+    def __init__(self, *args: Any, gc_clock: GcClock, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gc_clock = gc_clock
 
     def exchange(self, outgoing: list, **kwargs: Any) -> Any:
         if self.rss_after_hello_mib is None and outgoing and outgoing[0].message_type.startswith("train."):
             self.rss_after_hello_mib = _status_mib("VmRSS")
+            self.gc_at_first_step = (self.gc_clock.seconds, self.gc_clock.full)
         return super().exchange(outgoing, **kwargs)
+
+    def gc_since_first_step(self) -> dict[str, float]:
+        return {
+            "seconds": round(self.gc_clock.seconds - self.gc_at_first_step[0], 3),
+            "full_collections": self.gc_clock.full - self.gc_at_first_step[1],
+        }
 
 
 def arm_config(method: str, k: int, steps: int, out: Path, m: int):
@@ -157,8 +186,10 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
     run = RunDirectory.create(cfg)
     holder: dict[str, PhaseClock] = {}
 
+    gc_clock = GcClock()
+
     def server_fn(transport: Any) -> dict[str, Any]:
-        holder["t"] = PhaseClock(transport, t0, first=args.skip, last=steps - 1)
+        holder["t"] = PhaseClock(transport, t0, first=args.skip, last=steps - 1, gc_clock=gc_clock)
         return run_experiment(cfg, run, holder["t"], transport_name="inprocess")
 
     summary, error = run_on_transport(cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir)
@@ -177,6 +208,7 @@ def child_main(args: argparse.Namespace, t0: float) -> None:
                 "ledger_fetch": _phase(clock.events, "query.ledger"),
                 "total_s": round(time.monotonic() - t0, 3),
                 "rss_after_hello_mib": clock.rss_after_hello_mib,
+                "gc_after_hello": clock.gc_since_first_step(),
                 "hwm_mib": _status_mib("VmHWM"),
                 "state_disk_mib": round(disk / MIB, 2),
                 "state_files": files,
@@ -242,6 +274,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["step_s_each_repeat"] = [round(r["step_s_median"], 4) for r in ok]
             cpu = [r["step_cpu_s"] for r in ok if r["step_cpu_s"]]
             row["step_cpu_s"] = statistics.median(cpu) if cpu else None
+            row["gc_ms_per_step"] = statistics.median(1e3 * r["gc_after_hello"]["seconds"] / r["steps"] for r in ok)
         else:
             for key in ("collection_rounds", "ms_per_client_first_round", "ms_per_client_last_round", "releases"):
                 row[key] = ok[0][key]
