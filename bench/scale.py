@@ -123,6 +123,10 @@ class TimedTransport:
         self.events: list[tuple[str, int, float, float]] = []  # (type, messages, start, end)
         self.steps_seen, self.cpu_s = 0, {}
 
+    @property
+    def setup_totals(self) -> tuple[int, int]:
+        return self.inner.setup_totals
+
     def node_ids(self, expected: int) -> list[int]:
         return self.inner.node_ids(expected)
 
@@ -290,7 +294,7 @@ def _line(rows: list[dict[str, Any]]) -> str:
     return "scale: " + "; ".join(parts)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", default="20,340,3400")
     parser.add_argument("--steps", type=int, default=30)
@@ -307,7 +311,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return child_main(args, T0)
     arms = [(t, k) for t in args.transports.split(",") for k in map(int, args.ks.split(","))]

@@ -45,7 +45,17 @@ from common.methods.protocol import refusal
 from common.private_paths import CLIENT_STATE, mark_private
 from protos import wire
 
-from .node import STATE_KEY, Node, client_id_of, node_root, own_ledger, policy_refusal, use_client_threads
+from .node import (
+    STATE_KEY,
+    Node,
+    client_id_of,
+    node_root,
+    own_ledger,
+    policy_refusal,
+    run_config,
+    shared_text,
+    use_client_threads,
+)
 from .quiet import quiet_known_notices
 from .secure_sum import HANDLERS as SECURE_SUM_HANDLERS
 
@@ -68,7 +78,8 @@ def handle_hello(message: Message, context: Context) -> Message:
     if "data-dir" in context.node_config:
         config["data_dir"] = str(context.node_config["data-dir"])
     cid = client_id_of(context)
-    cfg = ExperimentConfig.from_mapping(config)
+    text = shared_text(json.dumps(config))
+    cfg = run_config(text)
     state_dir = node_root(context)
     refusal = _place_problem(hello, state_dir) or policy_refusal(context, cfg) or _device_problem(cfg)
     if refusal:
@@ -78,7 +89,7 @@ def handle_hello(message: Message, context: Context) -> Message:
     with contextlib.suppress(OSError):  # a folder that cannot take the marker fails at the first save, clearly
         mark_private(state_dir, CLIENT_STATE)
     version = int(context.state[STATE_KEY]["version"]) if STATE_KEY in context.state else 0
-    context.state[STATE_KEY] = ConfigRecord({"config": json.dumps(config), "state_dir": state_dir, "version": version})
+    context.state[STATE_KEY] = ConfigRecord({"config": text, "state_dir": state_dir, "version": version})
     return wire.reply(_ledger_summary(cfg, cid, state_dir, version), message)
 
 

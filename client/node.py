@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 
@@ -30,6 +31,23 @@ from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 from .state import load_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
+
+
+@functools.lru_cache(maxsize=8)
+def run_config(text: str) -> ExperimentConfig:
+    """The run's configuration from the JSON text its hello left in ``context.state``.
+
+    Parsed and validated once per text, not once per message: every node of a run holds the same
+    text (one shared string, ``shared_text``), and a simulation of K nodes in one process otherwise
+    validated the same configuration K times at the hello and again at every message. The
+    configuration is frozen, so sharing it is safe."""
+    return ExperimentConfig.from_mapping(json.loads(text))
+
+
+def shared_text(text: str) -> str:
+    """One string object for equal texts (interned; freed once no node holds it): K simulated
+    nodes in one process keep one copy of the run's configuration, not K (2.5 kB each)."""
+    return sys.intern(text)
 
 
 def node_root(context: Context) -> str:
@@ -111,7 +129,7 @@ class Node:
 
     @cached_property
     def cfg(self) -> ExperimentConfig:
-        return ExperimentConfig.from_mapping(json.loads(str(self.record["config"])))
+        return run_config(str(self.record["config"]))
 
     @property
     def method(self) -> Method:

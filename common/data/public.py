@@ -26,7 +26,7 @@ import numpy as np
 from common.data.errors import PartitionError
 from common.data.formats import read_tff_h5_writer, tff_writer_sizes
 from common.data.loading import femnist_path
-from common.data.synthetic import synthetic_writer
+from common.data.synthetic import MAX_WRITERS, synthetic_writer
 
 if TYPE_CHECKING:
     from common.run_options import RunOptions
@@ -70,9 +70,9 @@ def _writer_holdout(cfg: RunOptions) -> tuple[np.ndarray, np.ndarray]:
     if cfg.dataset == "synthetic":
         per = cfg.synthetic_samples_per_writer
         last = cfg.num_clients + math.ceil(cfg.public_size / per)
-        if last > 3400:
+        if last > MAX_WRITERS:
             raise PartitionError(
-                f"public_size={cfg.public_size} needs synthetic writers up to id {last - 1} (max 3399)"
+                f"public_size={cfg.public_size} needs synthetic writers up to id {last - 1} (max {MAX_WRITERS - 1})"
             )
         return _writers(cfg, lambda w: synthetic_writer(cfg.num_clients + w, per, seed=cfg.seed))
     path = femnist_path(cfg.data_dir, cfg.emnist_split, "train")

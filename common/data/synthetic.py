@@ -22,6 +22,7 @@ import numpy as np
 from common.data.dataset import Dataset
 
 __all__ = [
+    "MAX_WRITERS",
     "SYNTHETIC_CLASSES",
     "WriterStyle",
     "synthetic_dataset",
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 SYNTHETIC_CLASSES = 10
+# Writers the set can hold: a writer is rendered from its own seed, on demand, so any id works and
+# none costs anything until asked; the bound matches the most clients a run may have (MAX_CLIENTS).
+MAX_WRITERS = 1_000_000
 SIDE = 28
 _SPLIT_STREAMS = {"train": 0, "test": 1}
 _BANDS = 3  # row bands of the distance field (see _banded_distance2)

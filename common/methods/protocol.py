@@ -49,6 +49,9 @@ class StepOutcome:
     exhausted_nodes: list[int] = field(default_factory=list)
     failed_nodes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The step's requests go out over several rounds (DP-MERF's collection, a chunk of clients at a
+    # time): this round's answers count, and the generator moves after the last round.
+    more: bool = False
 
 
 @dataclass

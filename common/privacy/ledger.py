@@ -13,6 +13,7 @@ check, so that a debugging run still stops where a private one would.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -60,6 +61,14 @@ def _curve(history: Iterable[PrivacyEvent]) -> np.ndarray:
     return total
 
 
+@functools.lru_cache(maxsize=4096)
+def history_epsilon(history: tuple[PrivacyEvent, ...], delta: float) -> tuple[float, float]:
+    """(ε, best order) of a history, RDP, void marks ignored; shared by every ledger holding the same
+    history. A federation's clients mostly hold identical ones (DP-MERF: one release each): at
+    K = 10^5 the first report computed the same ε 10^5 times, 57 s."""
+    return epsilon_from_rdp(_curve(history), delta=delta)
+
+
 class PrivacyLedger:
     """Run-length history of releases, with cached ε (RDP headline, PRV beside it)."""
 
@@ -94,7 +103,7 @@ class PrivacyLedger:
     @property
     def void_reasons(self) -> tuple[str, ...]:
         """Why this ledger's ε is unbounded although noise was added (distinct, in order)."""
-        return tuple(dict.fromkeys(e.void for e in self._history if e.void))
+        return self._cached(("void", 0.0), lambda: tuple(dict.fromkeys(e.void for e in self._history if e.void)))
 
     # --- epsilon ------------------------------------------------------------------------------
     def _cached(self, key: tuple[str, float], compute) -> Any:
@@ -105,7 +114,7 @@ class PrivacyLedger:
     def nominal_rdp_epsilon(self, *, delta: float) -> tuple[float, float]:
         """(ε, best order) of the mechanisms as if every release had been private (void marks
         ignored). For the budget check only: never report it as a guarantee."""
-        return self._cached(("nominal", delta), lambda: epsilon_from_rdp(_curve(self._history), delta=delta))
+        return self._cached(("nominal", delta), lambda: history_epsilon(tuple(self._history), delta))
 
     def rdp_epsilon(self, *, delta: float) -> tuple[float, float]:
         """(ε, best order) of everything recorded, RDP accountant; (inf, nan) when any release was void."""

@@ -67,9 +67,11 @@ class ClientRecords:
         self.charged: dict[int, PrivacyLedger] = {c: led.copy() for c, led in (prior or {}).items()}
         self.own: dict[int, PrivacyLedger] = {}
         self.earlier: dict[int, PrivacyLedger] = {}  # releases of ledgers the client has since lost
+        self.version = 0  # changes with every record: what was computed from them is still valid while it holds
 
     def charge(self, client_id: int, event: PrivacyEvent) -> None:
         self.charged.setdefault(client_id, PrivacyLedger()).record(event)
+        self.version += 1
 
     def absorb(self, node_client: dict[int, int], claims: list[LedgerClaim], *, final: bool) -> list[str]:
         """Take the ledgers the nodes sent ; the client is
@@ -97,6 +99,7 @@ class ClientRecords:
         what the client had lost before) into ``earlier``, and says so."""
         previous = self.own.get(cid)
         self.own[cid] = own
+        self.version += 1
         if previous is None or own.extends(previous):
             return []
         self.earlier[cid] = self.earlier.get(cid, NO_RELEASES).combined(previous)
@@ -118,11 +121,17 @@ class ClientRecords:
         the planned charges it settles (``own_total`` keeps every release ever reported)."""
         if client_id in self.own:
             self.charged[client_id] = self.own_total(client_id).copy()  # charged later, never the own
+            self.version += 1
 
     def ledger_of(self, client_id: int) -> PrivacyLedger:
         """The larger of everything the client's ledgers showed and the server's record of it."""
         own, charged = self.own_total(client_id), self.charged.get(client_id, NO_RELEASES)
         return charged if charged.exceeds(own, delta=self.delta) else own
+
+    def clients(self) -> list[int]:
+        """The clients with any record (charged, or a ledger of their own), ascending: every other
+        client has released nothing."""
+        return sorted(self.charged.keys() | self.own.keys() | self.earlier.keys())
 
     def ledgers(self, client_ids: range | list[int]) -> dict[int, PrivacyLedger]:
         return {cid: self.ledger_of(cid) for cid in client_ids}
@@ -138,3 +147,4 @@ class ClientRecords:
         self.charged = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("charged", {}).items()}
         self.own = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("own", {}).items()}
         self.earlier = {int(c): PrivacyLedger.from_state_dict(s) for c, s in state.get("earlier", {}).items()}
+        self.version += 1

@@ -9,6 +9,7 @@ from flwr.app import Array, ArrayRecord
 
 from client.app import app as client_app
 from common.methods import ExperimentConfig
+from common.methods.gswgan.server import GsWganServer
 from server.loop import NodeRefused, run_experiment
 from server.reporting import RunDirectory, RunDirectoryError
 from server.transport import InProcessTransport
@@ -82,6 +83,27 @@ def test_malformed_answers_are_dropped_and_the_run_goes_on(tmp_path, kind):
     assert any("malformed" in note for note in summary["notes"])
     for p in summary["clients"][0:1]:
         assert p["queries"] >= 0
+
+
+def test_the_available_nodes_are_rebuilt_when_one_drops_out_not_at_every_step(tmp_path, monkeypatch):
+    """The loop scanned all K nodes at every step to list the available ones (3 ms a step at
+    K = 10^5); it keeps the list until a node drops out, and a dropped node is never offered again."""
+    offered = []
+    select = GsWganServer.select_nodes
+
+    def recording(self, available):
+        chosen = select(self, available)
+        offered.append((available, chosen))
+        return chosen
+
+    monkeypatch.setattr(GsWganServer, "select_nodes", recording)
+    _, summary = run_inprocess(cfg_for(tmp_path, steps=12, num_clients=4), app=_corrupting(1, "nan"))
+    assert summary["status"] == "completed" and summary["failed_clients"]
+    lists = list({id(available): available for available, _ in offered}.values())
+    assert len(lists) == 2 and len(lists[0]) == 4 and len(lists[1]) == 3  # one rebuild, for the one drop
+    dropped = (set(lists[0]) - set(lists[1])).pop()
+    after = [chosen for available, chosen in offered if available is lists[1]]
+    assert after and all(dropped not in chosen for chosen in after)
 
 
 def test_resume_of_a_missing_or_corrupt_run_is_a_clear_error(tmp_path):

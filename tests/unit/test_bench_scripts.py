@@ -126,3 +126,31 @@ def test_frontier_reads_a_runs_protocol_figures_and_tabulates_them(tmp_path, mon
     assert module.protocol_figures(tmp_path, "dpimagebench", evaluate=False)["protocol_acc"] is None
     assert module.protocol_cell({"protocol_acc": None}) == "—"
     assert any("DP-Kernel | 70.0%" in line for line in module.published_table())
+
+
+def test_scale_runs_an_inprocess_arm(tmp_path, monkeypatch):
+    """bench/scale.py's timing wrapper once lacked the transport's setup_totals: every arm failed."""
+    module = load_bench(ROOT / "bench" / "scale.py", monkeypatch)
+    out = tmp_path / "scale.json"
+    module.main(["--transports", "inprocess", "--ks", "3", "--steps", "4", "--skip", "1", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["summary"]
+    assert "error" not in row and row["k"] == 3 and row["step_s"] > 0
+
+
+def test_scale_k_runs_both_methods_and_alternates_the_order_of_k(tmp_path, monkeypatch, capsys):
+    module = load_bench(ROOT / "bench" / "scale_k.py", monkeypatch)
+    order = module.arm_order(["gswgan", "dp-merf"], [10, 100], repeats=3, merf_repeats=1)
+    assert order == [("gswgan", 10), ("dp-merf", 10), ("gswgan", 100), ("dp-merf", 100)] + [
+        ("gswgan", 100),
+        ("gswgan", 10),
+        ("gswgan", 10),
+        ("gswgan", 100),
+    ]
+    out = tmp_path / "scale-k.json"
+    argv = ["--ks", "3,4", "--steps", "4", "--skip", "1", "--merf-steps", "2", "--repeats", "1", "--out", str(out)]
+    assert module.main(argv) == 0
+    rows = {(r["method"], r["k"]): r for r in json.loads(out.read_text())["summary"]}
+    assert rows[("gswgan", 4)]["step_ratio"] > 0 and rows[("gswgan", 3)]["step_ratio"] == 1.0
+    assert rows[("dp-merf", 4)]["releases"] == 4 and rows[("dp-merf", 4)]["collection_rounds"] == 1
+    assert all(r["peak_rss_mib"] > 0 and r["rss_goal_met"] for r in rows.values())
+    assert "scale_k: " in capsys.readouterr().out

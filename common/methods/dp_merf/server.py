@@ -2,8 +2,13 @@
 
 The first step asks every available client for its one noisy summary; the mean of the accepted
 ones becomes the target, and from then on each step is one generator step on the server that asks
-no client anything (post-processing). A step whose request found no accepted summary asks again
-those still available; the loop stops when none is left.
+no client anything (post-processing). The first step asks in rounds of ``COLLECT_CHUNK`` clients
+and keeps a running sum, so the server holds one round's replies at a time, never all K (16 kB per
+summary at the default 200 features: 1.6 GB at K = 10^5, twice that while they were stacked); a
+checkpoint taken between rounds keeps the sum and who was asked, so a resumed run asks the rest. A
+step whose requests found no accepted summary asks again those still available; the loop stops
+when none is left. Through secure sums the replies are small acknowledgements and every cohort is
+asked at once.
 
 Privacy records (``ServerBase``): the server's record of each client is charged with the planned
 release when a reply is lost or malformed (the client may have released anyway), with the smaller
@@ -13,6 +18,7 @@ clients' own ledgers are fetched at the end and reports keep the larger.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +40,8 @@ from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, client_void, honest_norm
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
+COLLECT_CHUNK = 1024  # clients asked per round of the collection
+
 
 class DpMerfServer(ServerBase):
     reply_noun = "release"
@@ -46,6 +54,11 @@ class DpMerfServer(ServerBase):
         self.steps_done = 0
         self.planned = planned_event(cfg)
         self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
+        self.collect_chunk = COLLECT_CHUNK
+        self._pending: deque[int] = deque()  # nodes of this collection pass not asked yet
+        self._asked: set[int] = set()  # clients asked in this pass
+        self._sum: torch.Tensor | None = None  # float64 sum of the summaries accepted in this pass
+        self._count = 0
         if cfg.secure_aggregation:
             self.use_secure_sums(secure.plan(cfg), client_void(cfg), RULE_DP_MERF_SECURE)
 
@@ -55,13 +68,21 @@ class DpMerfServer(ServerBase):
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
-        """Every available node until the summaries are in; nobody afterwards."""
-        return [] if self.collected else list(available)
+        """Every available node until the summaries are in, ``collect_chunk`` per round (all at once
+        through secure sums); nobody afterwards."""
+        if self.collected:
+            return []
+        if self.secure:
+            return list(available)
+        if not self._pending:  # a new pass (or a resumed one): those available not asked in it yet
+            self._pending = deque(n for n in available if self.client_of(n) not in self._asked)
+        return [self._pending.popleft() for _ in range(min(self.collect_chunk, len(self._pending)))]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
-        if nodes and self.cfg.progress:  # the one long step: say what it waits for
-            how = " through secure sums" if self.secure else ""
-            tqdm.write(f"step {step}: asking {len(nodes):,} clients for their one noisy summary each{how}")
+        if nodes and self.cfg.progress and not self._asked:  # the one long step: say what it waits for
+            how = " through secure sums" if self.secure else f", {len(nodes):,} at a time"
+            total = len(nodes) + len(self._pending)
+            tqdm.write(f"step {step}: asking {total:,} clients for their one noisy summary each{how}")
         if self.secure:  # one session per cohort of c to 2c - 1
             out = []
             for cohort in split_cohorts(nodes, self.cfg.secagg_cohort, self.cohort_rng):
@@ -95,13 +116,36 @@ class DpMerfServer(ServerBase):
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
         if not self.collected:
-            if not accepted:
-                outcome.notes.append(f"step {step}: no client's summary was accepted; asking those still available")
-                return
             if self.secure:
+                if not accepted:
+                    outcome.notes.append(self._none_accepted(step))
                 return  # the summaries wait on the nodes: the secure sums follow (``absorb_sums``)
-            self.generator.set_target(accepted)
+            if not self._collect(step, accepted, replies, outcome):
+                return
         self._generator_step(step, outcome)
+
+    def _collect(self, step: int, accepted: list[torch.Tensor], replies: list[Reply], outcome: StepOutcome) -> bool:
+        """Add a round's summaries to the pass's sum; True once the pass is over and the mean of its
+        accepted summaries is the target (a note, and a new pass next round, when none was)."""
+        self._asked.update(r.client for r in replies)
+        if accepted:
+            part = torch.stack(accepted).double().sum(dim=0)
+            self._sum = part if self._sum is None else self._sum + part
+            self._count += len(accepted)
+        if self._pending:  # more of this pass to ask: G waits for every summary
+            outcome.more = True
+            return False
+        count, total = self._count, self._sum
+        self._asked, self._sum, self._count = set(), None, 0
+        if not count:
+            outcome.notes.append(self._none_accepted(step))
+            return False
+        self.generator.set_mean((total / count).float(), count)
+        return True
+
+    @staticmethod
+    def _none_accepted(step: int) -> str:
+        return f"step {step}: no client's summary was accepted; asking those still available"
 
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The mean of every revealed cohort sum becomes the target; then the step's generator step."""
@@ -161,11 +205,20 @@ class DpMerfServer(ServerBase):
             "generator": self.generator.state_dict(),
             "records": self.records.state_dict(),
             "steps_done": self.steps_done,
+            # A collection stopped between rounds: its sum so far and whom it asked (client ids)
+            "collection": {"sum": self._sum, "count": self._count, "asked": sorted(self._asked)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])
         self.records.load_state_dict(state["records"])
         self.steps_done = int(state["steps_done"])
+        collection = state.get("collection", {})  # absent: a checkpoint from before rounds existed
+        self._sum, self._count = collection.get("sum"), int(collection.get("count", 0))
+        if self._sum is not None and tuple(self._sum.shape) != self.generator.shape:
+            raise ValueError(
+                f"the checkpoint's collection has shape {tuple(self._sum.shape)}, this run's is {self.generator.shape}"
+            )
+        self._asked, self._pending = {int(c) for c in collection.get("asked", [])}, deque()
         if self.secure and "secure_sums" in state:
             self.secure.load_state_dict(state["secure_sums"])

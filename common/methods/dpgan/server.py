@@ -108,7 +108,7 @@ class DpganServer(ServerBase):
         return [n for n in nodes if self._is_curator(n)]
 
     # --- the report ------------------------------------------------------------------------------
-    def headline_ledgers(self) -> dict[int, PrivacyLedger]:
+    def headline_ledgers(self, *, final: bool = True) -> dict[int, PrivacyLedger]:
         return {CURATOR: self.records.ledger_of(CURATOR)}
 
     def beside(self, *, final: bool) -> dict[str, Any]:

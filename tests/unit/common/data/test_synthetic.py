@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from common.config import ConfigError
 from common.data import (
     clear_cache,
     load_client_partition,
@@ -15,7 +16,7 @@ from common.data import (
     synthetic_dataset,
     synthetic_writer,
 )
-from common.data.synthetic import synthetic_writer_labels, writer_style
+from common.data.synthetic import MAX_WRITERS, synthetic_writer_labels, writer_style
 from common.methods import ExperimentConfig
 
 
@@ -117,6 +118,23 @@ def test_client_generates_only_its_writer(monkeypatch: pytest.MonkeyPatch) -> No
     np.testing.assert_allclose(client.images[:, 0].numpy(), images / 255.0, atol=1e-6)
     np.testing.assert_array_equal(client.labels.numpy(), labels)
     assert client.client_id == 3399 and not client.inverted
+
+
+def test_a_federation_of_a_hundred_thousand_writers_renders_only_the_client_asked(monkeypatch) -> None:
+    """Writers are seeds, so the set is not limited to FEMNIST's 3,400 (synthetic_writers=100000 was
+    refused, although num_clients=100000 with synthetic_writers=0 already meant as many writers)."""
+    clear_cache()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the whole synthetic data set was generated")
+
+    monkeypatch.setattr(loading, "synthetic_dataset", forbidden)
+    cfg = ExperimentConfig(num_clients=100_000, synthetic_writers=100_000, synthetic_samples_per_writer=32, seed=5)
+    client = load_client_partition(cfg, 99_999)
+    images, _ = synthetic_writer(99_999, 32, seed=5)
+    np.testing.assert_allclose(client.images[:, 0].numpy(), images / 255.0, atol=1e-6)
+    with pytest.raises(ConfigError, match="synthetic_writers"):
+        ExperimentConfig(num_clients=10, synthetic_writers=MAX_WRITERS + 1)
 
 
 def test_invalid_arguments() -> None:
