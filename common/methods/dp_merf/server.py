@@ -54,7 +54,6 @@ class DpMerfServer(ServerBase):
         self.steps_done = 0
         self.planned = planned_event(cfg)
         self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
-        self.collect_chunk = COLLECT_CHUNK
         self._pending: deque[int] = deque()  # nodes of this collection pass not asked yet
         self._asked: set[int] = set()  # clients asked in this pass
         self._sum: torch.Tensor | None = None  # float64 sum of the summaries accepted in this pass
@@ -68,7 +67,7 @@ class DpMerfServer(ServerBase):
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
-        """Every available node until the summaries are in, ``collect_chunk`` per round (all at once
+        """Every available node until the summaries are in, ``COLLECT_CHUNK`` per round (all at once
         through secure sums); nobody afterwards."""
         if self.collected:
             return []
@@ -76,12 +75,12 @@ class DpMerfServer(ServerBase):
             return list(available)
         if not self._pending:  # a new pass (or a resumed one): those available not asked in it yet
             self._pending = deque(n for n in available if self.client_of(n) not in self._asked)
-        return [self._pending.popleft() for _ in range(min(self.collect_chunk, len(self._pending)))]
+        return [self._pending.popleft() for _ in range(min(COLLECT_CHUNK, len(self._pending)))]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
         if nodes and self.cfg.progress and not self._asked:  # the one long step: say what it waits for
-            how = " through secure sums" if self.secure else f", {len(nodes):,} at a time"
             total = len(nodes) + len(self._pending)
+            how = " through secure sums" if self.secure else (f", {len(nodes):,} at a time" if self._pending else "")
             tqdm.write(f"step {step}: asking {total:,} clients for their one noisy summary each{how}")
         if self.secure:  # one session per cohort of c to 2c - 1
             out = []
