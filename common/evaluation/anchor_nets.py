@@ -32,6 +32,13 @@ def _init(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
+    """The post-activation blocks' shortcut: the input itself, or a strided 1x1 projection with BN."""
+    if stride == 1 and cin == cout:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+
 class _Basic(nn.Module):
     """ResNet's post-activation block: conv-BN-ReLU-conv-BN plus the (projected) input, then ReLU."""
 
@@ -44,11 +51,7 @@ class _Basic(nn.Module):
             _conv3(cout, cout),
             nn.BatchNorm2d(cout),
         )
-        self.skip = (
-            nn.Identity()
-            if stride == 1 and cin == cout
-            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-        )
+        self.skip = _shortcut(cin, cout, stride)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(self.body(x) + self.skip(x))
@@ -135,11 +138,7 @@ class _Grouped(nn.Module):
             nn.Conv2d(d, cout, 1, bias=False),
             nn.BatchNorm2d(cout),
         )
-        self.skip = (
-            nn.Identity()
-            if stride == 1 and cin == cout
-            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-        )
+        self.skip = _shortcut(cin, cout, stride)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(self.body(x) + self.skip(x))
