@@ -189,7 +189,9 @@ _TLS_HEADER = """\
 # The workers dial serverapp:DATAPLANE_PORT and verify it with the CA PEM the ServerApp sends them.
 """
 
-_TLS_SUPERLINK = (
+# The SuperLink's command over TLS; compose replaces a command list, so an overlay that adds a flag
+# (the across-hosts server file's node auth) repeats it whole from here.
+TLS_SUPERLINK_COMMAND = (
     """\
   superlink:
     command:
@@ -201,6 +203,9 @@ _TLS_SUPERLINK = (
       - {certs}/server.key
 """
     + _SUPERLINK_ARGS
+)
+_TLS_SUPERLINK = (
+    TLS_SUPERLINK_COMMAND
     + """\
     volumes:
       - ${{FEDGAN_CERTS_DIR}}/ca.crt:{certs}/ca.crt:ro

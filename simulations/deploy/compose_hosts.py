@@ -49,17 +49,7 @@ _SERVER_HEADER = """\
 """
 
 _SERVER = (
-    """\
-  superlink:
-    command:
-      - --ssl-ca-certfile
-      - {certs}/ca.crt
-      - --ssl-certfile
-      - {certs}/server.pem
-      - --ssl-keyfile
-      - {certs}/server.key
-"""
-    + compose._SUPERLINK_ARGS
+    compose.TLS_SUPERLINK_COMMAND
     + """\
       - --enable-supernode-auth
 
