@@ -27,6 +27,7 @@ FOLDERS = (  # one line per method: its folder under common/methods/
     "dpgan",
     "fedavg_gan",
     "dp_merf",
+    "dp_ntk",
 )
 
 METHODS: dict[str, Method] = {

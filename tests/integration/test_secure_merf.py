@@ -14,6 +14,7 @@ from client.app import app as client_app
 from client.secure_sum import INPUT_KEY, deposit_input
 from common.methods import ExperimentConfig, prepare
 from common.methods.dp_merf import secure
+from common.methods.dp_merf.features import RANDOM_FOURIER
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease
 from common.privacy import PrivacyLedger
 from common.privacy.node_ledger import read_node_book
@@ -62,7 +63,7 @@ def test_no_summary_leaves_a_node_and_both_guarantees_come_from_ledgers(tmp_path
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
     assert len(seen) == 8 and all(r.deposited and r.embedding is None for r in seen)
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
-    plan = secure.plan(cfg)
+    plan = secure.plan(cfg, RANDOM_FOURIER)
     protocol = PrivacyLedger([plan.protocol_event()]).epsilon(delta=cfg.delta)
     own = PrivacyLedger([plan.own_event()]).epsilon(delta=cfg.delta)
     assert [c["epsilon"] for c in privacy["clients"]] == pytest.approx([protocol] * 8, rel=1e-6)
@@ -98,7 +99,7 @@ def test_the_revealed_mean_is_the_mean_of_what_the_nodes_deposited(tmp_path) -> 
     import torch
 
     target = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["target"]
-    expected = np.sum(list(deposits.values()), axis=0) * secure.plan(cfg).gamma / len(deposits)
+    expected = np.sum(list(deposits.values()), axis=0) * secure.plan(cfg, RANDOM_FOURIER).gamma / len(deposits)
     assert len(deposits) == 8
     np.testing.assert_allclose(target.numpy().reshape(-1), expected, rtol=1e-5, atol=1e-6)
 
@@ -120,7 +121,7 @@ def test_the_noise_of_a_revealed_sum_has_the_calibrated_variance() -> None:
     """Zero summaries, so each coordinate of the revealed sum is pure noise: the sum of n Sk(μ/t)
     shares, variance 2nμ/t. Measured over 2 sums of 5 nodes × 4,000 coordinates (40,000 draws)."""
     cfg = tiny_cfg("", **MERF, secure_aggregation=True, secagg_cohort=5, secagg_threshold=4, merf_noise_multiplier=0.5)
-    plan = secure.plan(cfg)
+    plan = secure.plan(cfg, RANDOM_FOURIER)
     draws = []
     for session in ("v1", "v2"):
         transport = InProcessTransport(client_app, 5)

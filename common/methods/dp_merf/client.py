@@ -18,7 +18,7 @@ from common.privacy.secure_release import client_vector, release_events
 from ..protocol import ClientNode, refusal
 from ..secure_sums import deposit
 from . import secure
-from .features import FeatureMap, embed
+from .features import FeatureFamily, embed
 from .messages import MerfRelease, MerfRequest
 from .privacy import client_void, planned_event
 
@@ -43,20 +43,21 @@ def release(
     request: MerfRequest,
     policy: NodePolicy,
     *,
+    family: FeatureFamily,
     summary: Tensor | None = None,
 ) -> MerfRelease:
     """This client's one release, or a refusal when its budget would be exceeded (a second request
     is refused the same way: the budget is the target ε of a single release). ``summary``: a given
     summary instead of the client's own (a privacy audit's canary, ``fedgan audit``); it is clipped,
     noised and charged like any other."""
-    event = planned_event(cfg)
+    event = planned_event(cfg, family)
     over = policy.release_refusal(state.ledger, event, cfg, "one more release")
     if over:
         return refusal(MerfRelease, request.step, state.client_id, over)
     if summary is None:
         device = resolve_device(cfg.device)
         images, labels = state.data.images.to(device), state.data.labels.to(device)
-        summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg))
+        summary = embed(family.build(cfg, device), images, labels, num_classes_for(cfg))
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, request.step)
     noisy = clip_summary(summary.cpu(), cfg.merf_clip) + noise_std(cfg) * torch.randn(summary.shape, generator=noise)
     ran = PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=void or event.void)
@@ -67,34 +68,35 @@ def release(
     )
 
 
-def secure_release(node: ClientNode, state: ClientState, request: MerfRequest) -> MerfRelease:
+def secure_release(node: ClientNode, state: ClientState, request: MerfRequest, family: FeatureFamily) -> MerfRelease:
     """This client's one release through a secure sum: its summary encoded with its noise share and
     deposited on the node for ``request.session`` (only the cohort's sum is ever revealed). The
     run's ledger records the guarantee against a server that runs the protocol (what the run's
     budget counts); the node's ledger the one its policy counts (its own share's unless
     ``trust-secure-sum``), each checked before anything is deposited."""
     cfg, policy = node.cfg, node.policy
-    p = secure.plan(cfg)
+    p = secure.plan(cfg, family)
     protocol, own = release_events(p, client_void(cfg))
     over, counted = policy.secure_release_refusal(state.ledger, protocol, own, cfg, "one more release")
     if over:
         return refusal(MerfRelease, request.step, state.client_id, over)
     device = resolve_device(cfg.device)
     images, labels = state.data.images.to(device), state.data.labels.to(device)
-    summary = embed(FeatureMap(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
+    summary = embed(family.build(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
     vector = client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
     deposit(node, state, request.session, vector, protocol, counted)
     return MerfRelease(step=request.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
 
 
 def released_before(made: int, policy: NodePolicy) -> str:
-    """Why a node that made ``made`` DP-MERF releases (in any run) makes no other (""): DP-MERF is one
-    release per client, so another needs a budget in the node's own policy (max-epsilon), which then
-    decides. Without one, a server could ask again in every run and the releases would compose
-    without bound."""
+    """Why a node that made ``made`` one-shot releases (DP-MERF's or another one-shot method's, in any
+    run) makes no other (""): a one-shot method is one release per client, so another needs a budget
+    in the node's own policy (max-epsilon), which then decides. Without one, a server could ask again
+    in every run and the releases would compose without bound."""
     if made and not policy.max_epsilon:
         return (
-            f"this node already released its DP-MERF summary ({made} release(s) in its ledger); another needs a "
+            f"this node already released its DP-MERF summary or another one-shot method's ({made} release(s) in "
+            "its ledger); another needs a "
             "budget in its own policy (max-epsilon)"
         )
     return ""

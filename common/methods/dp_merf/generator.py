@@ -10,7 +10,7 @@ from torch import Tensor
 from common.device import resolve_device
 from common.models import GeneratorEMA, build_generator, sample_latent
 
-from .features import FeatureMap, class_means
+from .features import FeatureFamily
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 class MerfGenerator:
     """G, its EMA (released), Adam, and the target it is fitted to: the mean of the noisy summaries."""
 
-    def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
+    def __init__(self, cfg: ExperimentConfig, num_classes: int, family: FeatureFamily) -> None:
         self.cfg, self.num_classes = cfg, num_classes
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.model = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes).to(self.device)
         self.ema = GeneratorEMA(self.model, decay=cfg.ema_decay)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.merf_lr, betas=(0.9, 0.999))
-        self.fmap = FeatureMap(cfg, self.device)
+        self.fmap = family.build(cfg, self.device)
         self.rng = torch.Generator().manual_seed(cfg.seed)  # public: the latents
         self.target: Tensor | None = None
         self.releases = 0
@@ -61,7 +61,7 @@ class MerfGenerator:
         y = torch.arange(self.num_classes).repeat_interleave(per_class).to(self.device)
         z = sample_latent(len(y), self.cfg.z_dim, generator=self.rng).to(self.device)
         self.model.train()
-        means = class_means(self.fmap(self.model(z, y)), y, self.num_classes, total=per_class)
+        means = self.fmap.class_means(self.model(z, y), y, self.num_classes, total=per_class)
         loss = (means * self.class_weights()[:, None] - self.target).square().sum()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

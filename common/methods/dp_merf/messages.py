@@ -61,6 +61,3 @@ class MerfRelease:
         if not self.noise_multiplier >= 0:
             raise PayloadError(f"invalid privacy event: noise_multiplier={self.noise_multiplier}")
         return self
-
-
-MESSAGES = {MSG_EMBED: (MerfRequest, MerfRelease)}

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
 from ..secure_sums import session_mismatch
 from . import canary, options, privacy
 from .client import release, released_before, secure_release
-from .messages import MESSAGES, MerfRelease, MerfRequest
+from .features import RANDOM_FOURIER, FeatureFamily
+from .messages import MSG_EMBED, MerfRelease, MerfRequest
 from .server import DpMerfServer
 
 if TYPE_CHECKING:
@@ -19,10 +20,22 @@ if TYPE_CHECKING:
 
 
 class DpMerf(MethodBase):
+    """A one-shot release: DP-MERF's, and (subclassed with another ``family``, name, options and
+    message) every method that releases one noisy labelled mean embedding per client."""
+
     name = "dp-merf"
     options = options.Options
-    messages = MESSAGES
+    messages = {MSG_EMBED: (MerfRequest, MerfRelease)}
     step_label = "generator steps"
+    family: FeatureFamily = RANDOM_FOURIER
+    title = "DP-MERF"  # as the privacy statement names the method
+    # Every one-shot method's name: a node's releases under any of them count together (a summary
+    # of the same data under another feature map composes like a second release of this one).
+    one_shot_names: ClassVar[list[str]] = ["dp-merf"]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        DpMerf.one_shot_names.append(cls.name)
 
     auditable = True
     supports_secure_aggregation = True
@@ -31,7 +44,7 @@ class DpMerf(MethodBase):
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
     ) -> float:
         """``fedgan audit``'s canary through this method's own release code (``canary.py``)."""
-        return canary.canary_score(state, cfg, sign, magnitude, releases, policy)
+        return canary.canary_score(state, cfg, sign, magnitude, releases, policy, self.family)
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
@@ -49,29 +62,29 @@ class DpMerf(MethodBase):
         return privacy.nonprivate_options(cfg)
 
     def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
-        return privacy.calibrate(cfg, pooled_size=pooled_size)
+        return privacy.calibrate(cfg, self.family, pooled_size=pooled_size)
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         """A client draws no batches: one image makes a summary."""
         return 1
 
     def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> DpMerfServer:
-        return DpMerfServer(cfg, num_classes)
+        return DpMerfServer(cfg, num_classes, self.family, self.title)
 
     def answer(self, node: ClientNode, request: MerfRequest) -> MerfRelease:
         """This node's summary, once (a second release needs a budget of the node's own); charged to
         the node's ledger and the state written before the reply leaves."""
         state = node.load_state()
         before = state.ledger.copy()
-        again = released_before(node.releases_by(self.name), node.policy)
+        again = released_before(sum(node.releases_by(name) for name in DpMerf.one_shot_names), node.policy)
         if again:
             return refusal(MerfRelease, request.step, state.client_id, again)
         why = session_mismatch(node.cfg, request.session)
         if why:
             return refusal(MerfRelease, request.step, state.client_id, why)
         if request.session:
-            return secure_release(node, state, request)  # charged and persisted inside
-        reply = release(state, node.cfg, request, node.policy)
+            return secure_release(node, state, request, self.family)  # charged and persisted inside
+        reply = release(state, node.cfg, request, node.policy, family=self.family)
         if not reply.refused:
             node.record_release(state, before)
         return reply

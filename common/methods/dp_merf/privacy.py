@@ -19,6 +19,8 @@ from .secure import fewest_survivors
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
+    from .features import FeatureFamily
+
 RULE_DP_MERF = (
     "per-client, untrusted server: each client releases its labelled mean embedding once, clipped to "
     "L2 norm S (so sensitivity 2S under replacing the client's whole data), with noise std 2σS per "
@@ -53,20 +55,22 @@ def client_void(cfg: ExperimentConfig) -> str:
     return VOID_NOISE_SEED if cfg.noise_seed >= 0 else ""
 
 
-def planned_event(cfg: ExperimentConfig) -> PrivacyEvent:
+def planned_event(cfg: ExperimentConfig, family: FeatureFamily) -> PrivacyEvent:
     """The mechanism one release runs: a Gaussian with noise multiplier σ (sensitivity 2, std 2σ);
     through a secure sum, the revealed sum's Skellam (against a server that runs the protocol)."""
     if cfg.secure_aggregation:
-        return release_events(secure.plan(cfg), client_void(cfg))[0]
+        return release_events(secure.plan(cfg, family), client_void(cfg))[0]
     return PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=client_void(cfg))
 
 
-def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
+def calibrate(cfg: ExperimentConfig, family: FeatureFamily, *, pooled_size: int | None = None) -> ExperimentConfig:
     """σ for ``target_epsilon``: one release per client reaches the target; the target also becomes
     the clients' budget, so a second request is refused."""
     if cfg.secure_aggregation:  # the sum's guarantee against a server that runs the protocol
         sigma = smallest_noise(
-            lambda nm: PrivacyLedger([secure.plan(cfg, noise_multiplier=nm).protocol_event()]).epsilon(delta=cfg.delta),
+            lambda nm: PrivacyLedger([secure.plan(cfg, family, noise_multiplier=nm).protocol_event()]).epsilon(
+                delta=cfg.delta
+            ),
             cfg.target_epsilon,
         )
     else:
@@ -85,14 +89,20 @@ def honest_norm_bound(cfg: ExperimentConfig, coords: int) -> float:
     return cfg.merf_clip * (1.01 + 2 * cfg.merf_noise_multiplier * (math.sqrt(coords) + HONEST_TAIL))
 
 
-def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], *, releases_used: int) -> str:
-    """One noisy summary per client, the generator fitted to their mean on the server."""
-    k = cfg.merf_dct
-    space = f"its {k}x{k} lowest 2-D DCT coefficients (a fixed public basis)" if k else "its pixels"
+def statement(
+    cfg: ExperimentConfig,
+    family: FeatureFamily,
+    name: str,
+    ledgers: Mapping[int, PrivacyLedger],
+    *,
+    releases_used: int,
+) -> str:
+    """One noisy summary per client, the generator fitted to their mean on the server (``name``:
+    the method's, as the statement names it)."""
     intro = (
-        f"Privacy statement (δ = {cfg.delta:g}, {ACCOUNTANT_NAMES[cfg.accountant]}). DP-MERF: each client released "
-        f"once the mean over its examples of φ(x) ⊗ onehot(y), where φ is {cfg.merf_features} public random Fourier "
-        f"frequencies of a Gaussian kernel on {space} plus a constant coordinate (‖φ‖ = 1), clipped to L2 "
+        f"Privacy statement (δ = {cfg.delta:g}, {ACCOUNTANT_NAMES[cfg.accountant]}). {name}: each client released "
+        f"once the mean over its examples of φ(x) ⊗ onehot(y), where φ is {family.describe(cfg)} "
+        f"plus a constant coordinate (‖φ‖ = 1), clipped to L2 "
         f"norm S = {cfg.merf_clip:g}, with noise std 2σS per coordinate (σ = {cfg.merf_noise_multiplier:g}): one "
         "Gaussian mechanism with noise multiplier σ. "
         f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "

@@ -25,16 +25,18 @@ from common.privacy.secure_release import fewest_survivors as _fewest
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
+    from .features import FeatureFamily
+
 
 def fewest_survivors(cfg: ExperimentConfig) -> int:
     """t of the run's cohorts (``--secagg-threshold``, or ⌈2c/3⌉)."""
     return _fewest(cfg.secagg_cohort, cfg.secagg_threshold)
 
 
-def plan(cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> SecureSumPlan:
-    """The run's plan: d = C·(2D+1) coordinates clipped to S, cohort c, survivors t, and the sum's
-    noise multiplier the run's σ (or ``noise_multiplier``)."""
+def plan(cfg: ExperimentConfig, family: FeatureFamily, *, noise_multiplier: float | None = None) -> SecureSumPlan:
+    """The run's plan: d = C·(a row of the family's features) coordinates clipped to S, cohort c,
+    survivors t, and the sum's noise multiplier the run's σ (or ``noise_multiplier``)."""
     sigma = cfg.merf_noise_multiplier if noise_multiplier is None else noise_multiplier
-    dim = num_classes_for(cfg) * (2 * cfg.merf_features + 1)
+    dim = num_classes_for(cfg) * family.row_dim(cfg)
     t = fewest_survivors(cfg)
     return plan_with_multiplier(dim=dim, clip=cfg.merf_clip, cohort=cfg.secagg_cohort, threshold=t, sigma=sigma)

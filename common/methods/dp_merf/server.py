@@ -40,6 +40,8 @@ from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, client_void, honest_norm
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
+    from .features import FeatureFamily
+
 COLLECT_CHUNK = 1024  # clients asked per round of the collection
 
 
@@ -48,18 +50,19 @@ class DpMerfServer(ServerBase):
     epsilon_kind = KIND_PER_CLIENT
     accounting = RULE_DP_MERF
 
-    def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
+    def __init__(self, cfg: ExperimentConfig, num_classes: int, family: FeatureFamily, name: str) -> None:
         super().__init__(cfg)
-        self.generator = MerfGenerator(cfg, num_classes)
+        self.family, self.name = family, name
+        self.generator = MerfGenerator(cfg, num_classes, family)
         self.steps_done = 0
-        self.planned = planned_event(cfg)
+        self.planned = planned_event(cfg, family)
         self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
         self._pending: deque[int] = deque()  # nodes of this collection pass not asked yet
         self._asked: set[int] = set()  # clients asked in this pass
         self._sum: torch.Tensor | None = None  # float64 sum of the summaries accepted in this pass
         self._count = 0
         if cfg.secure_aggregation:
-            self.use_secure_sums(secure.plan(cfg), client_void(cfg), RULE_DP_MERF_SECURE)
+            self.use_secure_sums(secure.plan(cfg, family), client_void(cfg), RULE_DP_MERF_SECURE)
 
     @property
     def collected(self) -> bool:
@@ -180,7 +183,7 @@ class DpMerfServer(ServerBase):
             **({"c": self.cfg.secagg_cohort} if self.secure else {}),
             "σ": cfg.merf_noise_multiplier,
             "S": cfg.merf_clip,
-            "D": cfg.merf_features,
+            "d": self.generator.fmap.dim,
             "releases used": self.generator.releases,
         }
 
@@ -189,13 +192,12 @@ class DpMerfServer(ServerBase):
         return {
             "noise_multiplier": cfg.merf_noise_multiplier,
             "clip": cfg.merf_clip,
-            "features": cfg.merf_features,
-            "dct": cfg.merf_dct,
+            **self.family.parameters(cfg),
             "releases_used": self.generator.releases,
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
-        return statement(self.cfg, ledgers, releases_used=self.generator.releases)
+        return statement(self.cfg, self.family, self.name, ledgers, releases_used=self.generator.releases)
 
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

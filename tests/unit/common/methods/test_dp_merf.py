@@ -14,7 +14,7 @@ from common.codec import PayloadError
 from common.config import ConfigError
 from common.methods import ExperimentConfig
 from common.methods.dp_merf.client import clip_summary, release
-from common.methods.dp_merf.features import FeatureMap, class_means, embed
+from common.methods.dp_merf.features import RANDOM_FOURIER, FeatureMap, class_means, embed
 from common.methods.dp_merf.generator import MerfGenerator
 from common.methods.dp_merf.messages import MerfRelease, MerfRequest
 from common.methods.dp_merf.privacy import calibrate, honest_norm_bound
@@ -73,16 +73,16 @@ def test_clip_summary_scales_only_what_is_too_long():
 
 
 def test_one_release_then_the_budget_refuses_the_second():
-    c = calibrate(cfg(target_epsilon=50.0, merf_clip=0.4))
+    c = calibrate(cfg(target_epsilon=50.0, merf_clip=0.4), RANDOM_FOURIER)
     state = new_state(c, 0)
     assert state.discriminator is None and state.optimizer is None  # DP-MERF clients keep no D
-    first = release(state, c, MerfRequest(step=0), NodePolicy())
+    first = release(state, c, MerfRequest(step=0), NodePolicy(), family=RANDOM_FOURIER)
     assert not first.refused and first.embedding.shape == (10, 101) and first.embedding.dtype == np.float32
     assert state.ledger.queries == 1
     (event,) = state.ledger.history
     assert event.noise_multiplier == c.merf_noise_multiplier and event.sample_rate == 1.0
     assert state.ledger.epsilon(delta=c.delta) == pytest.approx(50.0, rel=1e-3)
-    second = release(state, c, MerfRequest(step=1), NodePolicy())
+    second = release(state, c, MerfRequest(step=1), NodePolicy(), family=RANDOM_FOURIER)
     assert second.refused and "would exceed the run's epsilon budget 50" in second.reason
     assert state.ledger.queries == 1
 
@@ -90,19 +90,23 @@ def test_one_release_then_the_budget_refuses_the_second():
 def test_release_is_the_clipped_summary_plus_noise_of_std_2_sigma_s():
     c = cfg(merf_noise_multiplier=0.0, merf_clip=0.2, merf_features=500)
     state = new_state(c, 1)
-    clean = torch.from_numpy(release(state, c, MerfRequest(step=0), NodePolicy(allow_nonprivate=True)).embedding)
+    clean = torch.from_numpy(
+        release(state, c, MerfRequest(step=0), NodePolicy(allow_nonprivate=True), family=RANDOM_FOURIER).embedding
+    )
     summary = embed(FeatureMap(c), state.data.images, state.data.labels, 10)
     assert summary.norm() > 0.2  # so the clip acts
     assert torch.allclose(clean, summary * 0.2 / summary.norm(), atol=1e-6)
     noisy_cfg = c.replace(merf_noise_multiplier=3.0)
-    noisy = torch.from_numpy(release(new_state(noisy_cfg, 1), noisy_cfg, MerfRequest(step=0), NodePolicy()).embedding)
+    noisy = torch.from_numpy(
+        release(new_state(noisy_cfg, 1), noisy_cfg, MerfRequest(step=0), NodePolicy(), family=RANDOM_FOURIER).embedding
+    )
     std = float((noisy - clean).std())
     assert std == pytest.approx(2 * 3.0 * 0.2, rel=0.05)  # 10,010 coordinates
     assert float(noisy.norm()) <= honest_norm_bound(noisy_cfg, noisy.numel())
 
 
 def test_calibration_recomputes_from_a_ledger():
-    c = calibrate(cfg(target_epsilon=10.0, delta=1e-5))
+    c = calibrate(cfg(target_epsilon=10.0, delta=1e-5), RANDOM_FOURIER)
     assert ledger_epsilon(c.merf_noise_multiplier, 1.0, 1, 1e-5) <= 10.0
     assert ledger_epsilon(c.merf_noise_multiplier * 0.99, 1.0, 1, 1e-5) > 10.0
     assert c.client_epsilon_budget == 10.0
@@ -113,7 +117,7 @@ def test_calibration_recomputes_from_a_ledger():
 def release_event(c):
     from common.methods.dp_merf.privacy import planned_event
 
-    return planned_event(c)
+    return planned_event(c, RANDOM_FOURIER)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +158,7 @@ def test_the_server_fits_g_to_the_target_and_reads_the_class_shares():
     x = images(200, seed=3) * 0.2  # a dim data set ...
     y = torch.cat([torch.zeros(100, dtype=torch.long), torch.arange(100) % 10])  # ... with class 0 over-represented
     target = embed(fmap, x, y, 10)
-    g = MerfGenerator(c, 10)
+    g = MerfGenerator(c, 10, RANDOM_FOURIER)
     with pytest.raises(RuntimeError, match="no target"):
         g.step()
     g.set_target([target, target])
@@ -163,11 +167,11 @@ def test_the_server_fits_g_to_the_target_and_reads_the_class_shares():
     losses = [g.step() for _ in range(40)]
     assert losses[-1] < 0.5 * losses[0]
     state = g.state_dict()
-    again = MerfGenerator(c, 10)
+    again = MerfGenerator(c, 10, RANDOM_FOURIER)
     again.load_state_dict(state)
     assert torch.equal(again.target, g.target) and again.releases == 2
     with pytest.raises(ValueError, match="target has shape"):
-        MerfGenerator(c.replace(merf_features=20), 10).load_state_dict(state)
+        MerfGenerator(c.replace(merf_features=20), 10, RANDOM_FOURIER).load_state_dict(state)
 
 
 def test_small_partitions_are_fine_for_a_method_that_draws_no_batches():
