@@ -5,7 +5,8 @@ Each point: one ``fedgan simulate`` run (in-process) on the same data, at ``--ta
 - gswgan: per-client ε against an untrusted server (what a client's own ledger guarantees);
 - dpgan: example-level ε of the pooled data set (a trusted curator holds every example);
 - fedavg-gan: user-level ε with a trusted server (DP-FedAvg; each client's raw delta reaches it);
-- dp-merf: per-client ε against an untrusted server (one noisy summary per client).
+- dp-merf: per-client ε against an untrusted server (one noisy summary per client);
+- dp-ntk: the same, with DP-NTK's tangent features instead of random Fourier features.
 
 ∞ is the same run without noise (``--noise-multiplier 0`` and the like, allowed by a node policy
 that permits non-private options). Every run is evaluated by its own end-of-run evaluation: the
@@ -53,6 +54,7 @@ UNITS = {
     "dpgan": "example-level, trusted curator",
     "fedavg-gan": "user-level, trusted server",
     "dp-merf": "per-client, untrusted server",
+    "dp-ntk": "per-client, untrusted server",
 }
 # The ∞ point: no noise. Opacus refuses σ = 0, so DPGAN's runs at σ = 1e-6 (clipping still on, ε
 # astronomically large but finite, and printed as such).
@@ -61,6 +63,7 @@ NO_NOISE = {
     "dpgan": ["--dpgan-noise-multiplier", "1e-6"],
     "fedavg-gan": ["--fedavg-noise-multiplier", "0"],
     "dp-merf": ["--merf-noise-multiplier", "0"],
+    "dp-ntk": ["--merf-noise-multiplier", "0"],
 }
 
 FEDAVG_LEVERS = [
@@ -85,6 +88,7 @@ SCALES: dict[str, dict[str, list[str]]] = {
         # images in 3,000 clients of 20 (its lever, as K = 400 is GS-WGAN's); S = 1/sqrt(10) clips
         # nothing of an IID client's summary.
         "dp-merf": ["--num-clients", "3000", "--steps", "400", "--merf-clip", "0.32", "--ema-decay", "0.99"],
+        "dp-ntk": ["--num-clients", "3000", "--steps", "400", "--merf-clip", "0.32", "--ema-decay", "0.99"],
     },
     "paper": {
         "common": ["--model", "paper", "--num-clients", "1000", "--partition", "iid", "--batch-size", "32"],
@@ -92,6 +96,7 @@ SCALES: dict[str, dict[str, list[str]]] = {
         "dpgan": ["--steps", "4000", "--dpgan-batch-size", "64"],
         "fedavg-gan": ["--steps", "2000", "--fedavg-clients-per-round", "100"],
         "dp-merf": ["--num-clients", "3000", "--steps", "2000", "--merf-clip", "0.32"],
+        "dp-ntk": ["--num-clients", "3000", "--steps", "2000", "--merf-clip", "0.32"],
     },
 }
 
@@ -150,6 +155,13 @@ VARIANTS += [
     ("dp-merf", "K = 400 (GS-WGAN's best federation)", ["--num-clients", "400"]),
     ("dp-merf", "S = 1 (no clipping below the summary's bound)", ["--merf-clip", "1"]),
     ("dp-merf", "kernel on pixels instead of the 10x10 DCT", ["--merf-dct", "0"]),
+]
+# Issue 26's ceiling levers and DP-NTK's ablation (appended: the indices above stay what they were).
+VARIANTS += [
+    ("dp-merf", "pixels, D = 1,000 frequencies", ["--merf-dct", "0", "--merf-features", "1000"]),
+    ("dp-merf", "pixels, D = 3,000 frequencies", ["--merf-dct", "0", "--merf-features", "3000"]),
+    ("dp-ntk", "width 800 (4x the features)", ["--ntk-width", "800"]),
+    ("dp-ntk", "on the 10x10 DCT instead of pixels", ["--ntk-dct", "10"]),
 ]
 
 
@@ -248,6 +260,7 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         "dpgan": "dpgan_noise_multiplier",
         "fedavg-gan": "fedavg_noise_multiplier",
         "dp-merf": "merf_noise_multiplier",
+        "dp-ntk": "merf_noise_multiplier",
     }
     return {
         "strategy": strategy,

@@ -5,7 +5,7 @@ import json
 from simulations.cli import main
 from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 
-METHODS = ("gswgan", "dpgan", "fedavg-gan", "dp-merf")
+METHODS = ("gswgan", "dpgan", "fedavg-gan", "dp-merf", "dp-ntk")
 
 
 def test_compare_runs_every_method_and_writes_the_comparison(tmp_path, capsys):

@@ -24,7 +24,7 @@ class Options:
     """DP-NTK's section of the configuration."""
 
     ntk_width: int = option(
-        800,
+        200,
         "dp-ntk: width m of the public random one-hidden-layer ReLU network whose tangent features "
         "(its gradient at initialisation) are the kernel's features; a class's row has m*(d+1)+1 coordinates",
     )
