@@ -29,6 +29,7 @@ FID's N, to fit 2 CPU cores (the README states how far its figures sit from the 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -205,6 +206,7 @@ def train_and_select(
     x, y = train
     best = {"noisy": (-math.inf, 0.0, -1), "plain": (-math.inf, 0.0, -1)}
     curve = []
+    start_s = time.perf_counter()
     for epoch in range(spec.epochs):
         model.train()
         order = torch.randperm(len(y), generator=gen)
@@ -220,7 +222,14 @@ def train_and_select(
             val_hits = correct_count(model, *validation, device)
             test_acc = correct_count(model, *test, device) / len(test[1])
         noisy = val_hits + (noise.laplace(0.0, 1.0 / epsilon) if math.isfinite(epsilon) else 0.0)
-        curve.append({"epoch": epoch + 1, "val_acc": val_hits / len(validation[1]), "test_acc": test_acc})
+        curve.append(
+            {
+                "epoch": epoch + 1,
+                "val_acc": val_hits / len(validation[1]),
+                "test_acc": test_acc,
+                "wall_s": time.perf_counter() - start_s,
+            }
+        )
         for key, score in (("noisy", noisy), ("plain", float(val_hits))):
             if score >= best[key][0]:
                 best[key] = (score, test_acc, epoch + 1)
@@ -230,6 +239,7 @@ def train_and_select(
         "test_acc_noiseless_selection": best["plain"][1],
         "epoch_noiseless_selection": best["plain"][2],
         "curve": curve,
+        "wall_s": time.perf_counter() - start_s,
     }
 
 
