@@ -162,6 +162,11 @@ VARIANTS += [
     ("dp-merf", "pixels, D = 3,000 frequencies", ["--merf-dct", "0", "--merf-features", "3000"]),
     ("dp-ntk", "width 800 (4x the features)", ["--ntk-width", "800"]),
     ("dp-ntk", "on the 10x10 DCT instead of pixels", ["--ntk-dct", "10"]),
+    (
+        "dp-merf",
+        "pixels, D = 3,000, length scale 5",
+        ["--merf-dct", "0", "--merf-features", "3000", "--merf-lengthscale", "5"],
+    ),
 ]
 
 
