@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         acc = ceiling(args.dataset, n, epochs=args.epochs)
         rows.append({"n": n, "cnn": acc["cnn"], "mlp": acc["mlp"], "wall_s": time.perf_counter() - start})
-    result = {"dataset": args.dataset, "epochs": args.epochs, "what": "real2real under the quick evaluation", "rows": rows}
+    result = {
+        "dataset": args.dataset,
+        "epochs": args.epochs,
+        "what": "real2real under the quick evaluation",
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"quick-eval-ceiling-{args.dataset}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
