@@ -3,12 +3,12 @@
 The first step asks every available client for its one noisy summary; the mean of the accepted
 ones becomes the target, and from then on each step is one generator step on the server that asks
 no client anything (post-processing). The first step asks in rounds of ``COLLECT_CHUNK`` clients
-and keeps a running sum, so the server holds one round's replies at a time, never all K (16 kB per
-summary at the default 200 features: 1.6 GB at K = 10^5, twice that while they were stacked); a
-checkpoint taken between rounds keeps the sum and who was asked, so a resumed run asks the rest. A
-step whose requests found no accepted summary asks again those still available; the loop stops
-when none is left. Through secure sums the replies are small acknowledgements and every cohort is
-asked at once.
+(fewer for large summaries: ``COLLECT_BYTES``) and keeps a running sum, so the server holds one
+round's replies at a time, never all K (16 kB per summary at the default 200 features: 1.6 GB at K =
+10^5, twice that while they were stacked); a checkpoint taken between rounds keeps the sum and who
+was asked, so a resumed run asks the rest. A step whose requests found no accepted summary asks
+again those still available; the loop stops when none is left. Through secure sums the replies are
+small acknowledgements and every cohort is asked at once.
 
 Privacy records (``ServerBase``): the server's record of each client is charged with the planned
 release when a reply is lost or malformed (the client may have released anyway), with the smaller
@@ -42,7 +42,14 @@ if TYPE_CHECKING:
 
     from .features import FeatureFamily
 
-COLLECT_CHUNK = 1024  # clients asked per round of the collection
+COLLECT_CHUNK = 1024  # clients asked per round of the collection, at most
+COLLECT_BYTES = 256 * 2**20  # and at most this many bytes of float32 summaries in one round's replies
+
+
+def collect_chunk(shape: tuple[int, int]) -> int:
+    """Clients asked per round: ``COLLECT_CHUNK``, fewer when their summaries are large (DP-NTK's 6.3 MB
+    each would hold 6.4 GB per round of 1,024, and the transport's copies several times that)."""
+    return max(1, min(COLLECT_CHUNK, COLLECT_BYTES // (4 * shape[0] * shape[1])))
 
 
 class DpMerfServer(ServerBase):
@@ -78,7 +85,8 @@ class DpMerfServer(ServerBase):
             return list(available)
         if not self._pending:  # a new pass (or a resumed one): those available not asked in it yet
             self._pending = deque(n for n in available if self.client_of(n) not in self._asked)
-        return [self._pending.popleft() for _ in range(min(COLLECT_CHUNK, len(self._pending)))]
+        chunk = collect_chunk(self.generator.shape)
+        return [self._pending.popleft() for _ in range(min(chunk, len(self._pending)))]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
         if nodes and self.cfg.progress and not self._asked:  # the one long step: say what it waits for

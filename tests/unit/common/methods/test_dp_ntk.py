@@ -94,3 +94,12 @@ def test_a_node_that_released_for_dp_merf_refuses_dp_ntk(tmp_path):
     assert outcome.exhausted_nodes == [nodes[0]] and "another one-shot method's" in outcome.notes[0]
     assert read_node_book(root, 1).by_method == {"dp-ntk": 1}
     assert read_node_book(root, 0).by_method == {"dp-merf": 1}
+
+
+def test_a_round_of_the_collection_holds_a_bounded_number_of_bytes():
+    from common.methods.dp_merf.server import COLLECT_BYTES, COLLECT_CHUNK, collect_chunk
+
+    assert collect_chunk((10, 401)) == COLLECT_CHUNK  # DP-MERF's 16 kB summaries: the full round
+    big = (10, 200 * 785 + 1)  # DP-NTK's default: 6.3 MB each
+    assert 1 <= collect_chunk(big) <= COLLECT_BYTES // (4 * big[0] * big[1]) < COLLECT_CHUNK
+    assert collect_chunk((10, 10**9)) == 1  # never zero
