@@ -122,4 +122,9 @@ VARIANTS += [
         "pixels, D = 3,000, length scale 5",
         ["--merf-dct", "0", "--merf-features", "3000", "--merf-lengthscale", "5"],
     ),
+    (
+        "dp-merf",
+        "pixels, D = 3,000, length scale 4",
+        ["--merf-dct", "0", "--merf-features", "3000", "--merf-lengthscale", "4"],
+    ),
 ]

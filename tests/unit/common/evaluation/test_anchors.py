@@ -100,3 +100,31 @@ def test_a_small_epsilon_makes_the_selection_noisy():
         for s in range(6)
     ]
     assert any(p["epoch"] != p["epoch_noiseless_selection"] for p in picks)
+
+
+def test_the_classifiers_train_channels_last_and_the_layout_changes_nothing_but_rounding(monkeypatch):
+    """The protocol trains channels-last for speed (bench/protocol_speed.py); a real ResNet-8 trained
+    two epochs either way keeps NHWC weights and reaches the same curve up to rounding."""
+    import common.evaluation.anchors as anchors
+
+    spec = dataclasses.replace(RECIPES["dpimagebench-cpu"], epochs=2, step_epochs=1, batch_size=32)
+    train, val, test = blobs(96, 0), blobs(64, 1), blobs(64, 2)
+    seen = []
+
+    def resnet():
+        model = spec.networks(2)["resnet"]()
+        seen.append(model)
+        return model
+
+    runs = {}
+    for layout in (torch.channels_last, torch.contiguous_format):
+        monkeypatch.setattr(anchors, "LAYOUT", layout)
+        runs[layout] = train_and_select(
+            resnet, train, val, test, spec, epsilon=math.inf, seed=0, device=torch.device("cpu")
+        )
+    conv = next(m.weight for m in seen[0].modules() if isinstance(m, nn.Conv2d) and m.in_channels > 1)
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    for a, b in zip(runs[torch.channels_last]["curve"], runs[torch.contiguous_format]["curve"], strict=True):
+        assert a["val_acc"] == pytest.approx(b["val_acc"], abs=1 / 64) and a["test_acc"] == pytest.approx(
+            b["test_acc"], abs=1 / 64
+        )
