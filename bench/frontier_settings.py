@@ -127,4 +127,9 @@ VARIANTS += [
         "pixels, D = 3,000, length scale 4",
         ["--merf-dct", "0", "--merf-features", "3000", "--merf-lengthscale", "4"],
     ),
+    (
+        "dp-merf",
+        "pixels, D = 3,000, length scale 5, 4,000 generator steps",
+        ["--merf-dct", "0", "--merf-features", "3000", "--merf-lengthscale", "5", "--steps", "4000"],
+    ),
 ]
