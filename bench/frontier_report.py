@@ -101,8 +101,8 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
         "the baseline; DPAC's ablation follows Chen et al. 2023, Table 4):",
         "",
         "| strategy | row | ε spent | σ | FID (N) | domain FID | IS | gen2real CNN / MLP "
-        "| real2gen CNN / MLP | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| real2gen CNN / MLP | gen2real, protocol | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy in dict.fromkeys(r["strategy"] for r in variants):
         base = [
@@ -112,14 +112,15 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
         ]
         for r in base + [r for r in variants if r["strategy"] == strategy]:
             if "error" in r:
-                lines.append(f"| {strategy} | {r['variant']} | {r['error']} | | | | | | | |")
+                lines.append(f"| {strategy} | {r['variant']} | {r['error']} | | | | | | | | |")
                 continue
             fid = _fid_cell(r)
             lines.append(
                 f"| {strategy} | {r['variant']} | {_f(r['epsilon'], '.3g')} | {r['noise_multiplier']:.3g} | {fid} "
                 f"| {_f(r['fid_domain'], '.1f')} | {_f(r['inception_score'], '.2f')} "
                 f"| {r['gen2real_cnn']:.1%} / {r['gen2real_mlp']:.1%} "
-                f"| {r['real2gen_cnn']:.1%} / {_f(r.get('real2gen_mlp'), '.1%')} | {_f(r['wall_s'], '.0f')} |"
+                f"| {r['real2gen_cnn']:.1%} / {_f(r.get('real2gen_mlp'), '.1%')} | {protocol_cell(r)} "
+                f"| {_f(r['wall_s'], '.0f')} |"
             )
     return lines
 
