@@ -12,7 +12,14 @@ and scores the released EMA generator three ways:
 - a screen of the anchors' protocol: the ``dpimagebench-cpu`` ResNet-8 trained on 20,000 generated
   images for 2 epochs, tested on the real test split (the full protocol: ``fedgan evaluate RUN
   --protocol dpimagebench-cpu``);
-- optionally ``--noise STD``: Gaussian noise of that std added to every coordinate of the target.
+- optionally ``--noise STD``: Gaussian noise of that std added to every coordinate of the target;
+- optionally ``--protocol dpimagebench-cpu`` (or ``dpimagebench``): the whole protocol on the
+  generator (its 60,000 images, the three classifiers, selection at ε = ∞ on the validation split),
+  as ``fedgan evaluate`` runs it, without its FID.
+
+``--protocol-holdout`` among the simulate flags embeds only the images outside the protocol's
+validation split, as a run with that flag does. ``--device cuda`` embeds, fits and trains the
+protocol's classifiers there (the quick CNN / MLP stay on the CPU, as in a run).
 
 Usage: ``PYTHONPATH=. python bench/one_shot_ceiling.py --strategy dp-merf -- --merf-dct 0 --merf-features 3000``
 (any simulate flags after ``--``); appends a JSON line to bench/results/one-shot-ceiling.jsonl and prints it.
@@ -31,12 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def fit_and_score(cfg, *, noise: float, screen_n: int = 20_000, eval_n: int = 10_000) -> dict:
-    """The pooled summary, the generator fitted to it, and its three scores."""
+def fit_and_score(cfg, *, noise: float, protocol=None, screen_n: int = 20_000, eval_n: int = 10_000) -> dict:
+    """The pooled summary, the generator fitted to it, and its scores (``protocol``: a ``Recipe`` to
+    run in full as well)."""
     import torch
 
     from common.data import load_dataset
-    from common.evaluation.anchors import RECIPES, train_and_select
+    from common.device import resolve_device
+    from common.evaluation.anchors import RECIPES, protocol_accuracy, train_and_select
     from common.evaluation.utility import train_eval
     from common.methods import method
     from common.methods.dp_merf.features import embed
@@ -46,9 +55,11 @@ def fit_and_score(cfg, *, noise: float, screen_n: int = 20_000, eval_n: int = 10
 
     family = method(cfg.strategy).family
     train, test = load_dataset(cfg.dataset, split="train"), load_dataset(cfg.dataset, split="test")
-    x, y = _as_tensors(train)
+    device = resolve_device(cfg.device)
+    keep, val = protocol_splits(train)
+    x, y = _as_tensors(train, keep if cfg.protocol_holdout else None)
     start = time.perf_counter()
-    target = embed(family.build(cfg, "cpu"), x, y, train.num_classes, chunk=2000)
+    target = embed(family.build(cfg, device), x.to(device), y.to(device), train.num_classes, chunk=2000).cpu()
     if noise:
         target = target + noise * torch.randn(target.shape, generator=torch.Generator().manual_seed(7))
     g = MerfGenerator(cfg, train.num_classes, family)
@@ -57,13 +68,14 @@ def fit_and_score(cfg, *, noise: float, screen_n: int = 20_000, eval_n: int = 10
         g.step()
     fit_s = time.perf_counter() - start
     gen = g.ema.module.eval()
-    images, labels = generate(gen, max(eval_n, screen_n), num_classes=train.num_classes, z_dim=cfg.z_dim)
+    wanted = max(eval_n, screen_n, protocol.synthetic_size if protocol else 0)
+    images, labels = generate(gen, wanted, num_classes=train.num_classes, z_dim=cfg.z_dim)
+    images, labels = images.cpu(), labels.cpu()
     tx, ty = _as_tensors(test)
     quick = {
         arch: train_eval(arch, images[:eval_n], labels[:eval_n], tx, ty, train.num_classes, epochs=5)
         for arch in ("cnn", "mlp")
     }
-    _, val = protocol_splits(train)
     spec = dataclasses.replace(RECIPES["dpimagebench-cpu"], epochs=2, step_epochs=2)
     screen = train_and_select(
         spec.networks(train.num_classes)["resnet"],
@@ -73,35 +85,60 @@ def fit_and_score(cfg, *, noise: float, screen_n: int = 20_000, eval_n: int = 10
         spec,
         epsilon=float("inf"),
         seed=0,
-        device=torch.device("cpu"),
+        device=device,
     )
-    return {"cnn_10k": quick["cnn"], "mlp_10k": quick["mlp"], "resnet8_screen": screen["test_acc"], "fit_s": fit_s}
+    row = {"cnn_10k": quick["cnn"], "mlp_10k": quick["mlp"], "resnet8_screen": screen["test_acc"], "fit_s": fit_s}
+    if protocol is not None:
+        start = time.perf_counter()
+        n = protocol.synthetic_size
+        full = protocol_accuracy(
+            (images[:n], labels[:n]), _as_tensors(train, val), (tx, ty), train.num_classes, protocol,
+            epsilon=float("inf"), seed=0, device=device,
+        )
+        row["protocol"] = {
+            "name": protocol.name,
+            "mean": full["mean"],
+            "std": full["std"],
+            "per_network": {k: v["test_acc"] for k, v in full["classifiers"].items()},
+            "wall_s": time.perf_counter() - start,
+        }
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", default="dp-merf", help="a one-shot method: dp-merf or dp-ntk")
     parser.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise on the target")
+    parser.add_argument("--protocol", default="", help="also the whole protocol: dpimagebench-cpu or dpimagebench")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: the embedding, the fit and the protocol's classifiers")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the quick classifiers run on the CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "one-shot-ceiling.jsonl")
     parser.add_argument("flags", nargs="*", help="simulate flags after --, e.g. --merf-features 3000")
     args = parser.parse_args(argv)
     import torch
 
+    from common.evaluation.anchors import recipe
     from common.methods import ExperimentConfig
     from simulations.cli import add_config_flags
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     flags = argparse.ArgumentParser()
     add_config_flags(flags)
     base = ["--strategy", args.strategy, "--dataset", "fashion-mnist", "--model", "small", "--steps", "400"]
-    cfg = ExperimentConfig(**vars(flags.parse_args([*base, "--ema-decay", "0.99", *args.flags])))
-    row = {"strategy": args.strategy, "flags": args.flags, "noise": args.noise, **fit_and_score(cfg, noise=args.noise)}
+    cfg = ExperimentConfig(
+        **vars(flags.parse_args([*base, "--ema-decay", "0.99", "--device", args.device, *args.flags]))
+    )
+    spec = recipe(args.protocol) if args.protocol else None
+    scores = fit_and_score(cfg, noise=args.noise, protocol=spec)
+    row = {"strategy": args.strategy, "flags": args.flags, "noise": args.noise, "device": args.device, **scores}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         f.write(json.dumps(row) + "\n")
     print(
         f"one-shot ceiling {args.strategy} {' '.join(args.flags)}: quick CNN {row['cnn_10k']:.1%} / MLP "
-        f"{row['mlp_10k']:.1%}, ResNet-8 screen {row['resnet8_screen']:.1%} -> {args.out}"
+        f"{row['mlp_10k']:.1%}, ResNet-8 screen {row['resnet8_screen']:.1%}"
+        + (f", {spec.name} {row['protocol']['mean']:.1%} ± {row['protocol']['std']:.1%}" if spec else "")
+        + f" -> {args.out}"
     )
     return 0
 
