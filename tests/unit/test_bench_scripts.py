@@ -154,3 +154,28 @@ def test_scale_k_runs_both_methods_and_alternates_the_order_of_k(tmp_path, monke
     assert rows[("dp-merf", 4)]["releases"] == 4 and rows[("dp-merf", 4)]["collection_rounds"] == 1
     assert all(r["peak_rss_mib"] > 0 and r["rss_goal_met"] for r in rows.values())
     assert "scale_k: " in capsys.readouterr().out
+
+
+def test_one_shot_ceiling_scores_a_pooled_fit_under_the_whole_protocol(monkeypatch):
+    """The pooled fit with --protocol-holdout, its quick and screen scores, and the whole protocol's
+    three classifiers (a tiny recipe: the real one is a GPU's or an hour's work)."""
+    import argparse
+    import dataclasses
+
+    from common.evaluation.anchors import RECIPES
+    from common.methods import ExperimentConfig
+    from simulations.cli import add_config_flags
+
+    module = load_bench(ROOT / "bench" / "one_shot_ceiling.py", monkeypatch)
+    flags = argparse.ArgumentParser()
+    add_config_flags(flags)
+    argv = ["--strategy", "dp-merf", "--dataset", "synthetic", "--model", "tiny", "--steps", "2", "--merf-dct", "0"]
+    argv += ["--merf-features", "50", "--partition", "iid", "--protocol-holdout", "--device", "cpu"]
+    cfg = ExperimentConfig(**vars(flags.parse_args(argv)))
+    spec = dataclasses.replace(RECIPES["dpimagebench-cpu"], epochs=1, step_epochs=1, synthetic_size=240)
+    row = module.fit_and_score(cfg, noise=0.0, protocol=spec, screen_n=120, eval_n=120)
+    assert 0.0 <= row["cnn_10k"] <= 1.0 and 0.0 <= row["resnet8_screen"] <= 1.0 and row["fit_s"] > 0
+    assert row["protocol"]["name"] == "dpimagebench-cpu"
+    assert set(row["protocol"]["per_network"]) == {"resnet", "wrn", "resnext"}
+    accs = list(row["protocol"]["per_network"].values())
+    assert row["protocol"]["mean"] == pytest.approx(sum(accs) / 3)
