@@ -92,8 +92,14 @@ def fit_and_score(cfg, *, noise: float, protocol=None, screen_n: int = 20_000, e
         start = time.perf_counter()
         n = protocol.synthetic_size
         full = protocol_accuracy(
-            (images[:n], labels[:n]), _as_tensors(train, val), (tx, ty), train.num_classes, protocol,
-            epsilon=float("inf"), seed=0, device=device,
+            (images[:n], labels[:n]),
+            _as_tensors(train, val),
+            (tx, ty),
+            train.num_classes,
+            protocol,
+            epsilon=float("inf"),
+            seed=0,
+            device=device,
         )
         row["protocol"] = {
             "name": protocol.name,
@@ -110,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", default="dp-merf", help="a one-shot method: dp-merf or dp-ntk")
     parser.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise on the target")
     parser.add_argument("--protocol", default="", help="also the whole protocol: dpimagebench-cpu or dpimagebench")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda: the embedding, the fit and the protocol's classifiers")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda: the embedding, the fit and the protocol's classifiers"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the quick classifiers run on the CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "one-shot-ceiling.jsonl")
     parser.add_argument("flags", nargs="*", help="simulate flags after --, e.g. --merf-features 3000")
