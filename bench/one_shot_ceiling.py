@@ -115,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", default="dp-merf", help="a one-shot method: dp-merf or dp-ntk")
     parser.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise on the target")
-    parser.add_argument("--protocol", default="", help="also the whole protocol: dpimagebench-cpu or dpimagebench")
+    parser.add_argument(
+        "--protocol",
+        default="",
+        choices=("", "dpimagebench-cpu", "dpimagebench"),
+        help="also the whole protocol on the fitted generator (no FID)",
+    )
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda: the embedding, the fit and the protocol's classifiers"
     )
