@@ -10,6 +10,7 @@
 #   paper    a paper-scale GS-WGAN run on Fashion-MNIST (K = 1,000, --target-epsilon 10) that
 #            checkpoints and resumes across calls (10 minutes each; PAPER_LIMIT_S caps one call's
 #            training, default 560 s): call again until it is done
+#   ceiling  DP-MERF's pooled noiseless fit under the whole dpimagebench-cpu protocol, 4 configurations
 #   frontier bench/frontier.py --scale paper --device cuda (many calls' worth; use --reuse)
 # Everything written under $OUT comes back; checkpoints stay in runs/ on the machine only while it is warm.
 set -euo pipefail
@@ -43,8 +44,24 @@ case "${1:-step}" in
     cp "$RUN"/{progress.json,summary.json,eval.json,privacy.json} "$OUT/" 2>/dev/null || true
     ls "$RUN"/samples | tail -1 | xargs -I{} cp "$RUN/samples/{}" "$OUT/"
     ;;
+  ceiling)
+    # DP-MERF's pooled noiseless fit (~ its ∞ point) under the whole dpimagebench-cpu protocol, four
+    # configurations side by side on the one GPU (~6 minutes on an H200): bench/results/one-shot-ceiling.md.
+    common="--merf-dct 0 --merf-features 3000 --merf-lengthscale 5 --partition iid --protocol-holdout"
+    ceiling() {
+      local name=$1 rc=0; shift
+      timeout "${CEILING_LIMIT_S:-430}" python3 bench/one_shot_ceiling.py --device cuda --threads 4 \
+        --protocol dpimagebench-cpu --out "$OUT/osc-$name.jsonl" -- $common "$@" > "/tmp/osc-$name.log" 2>&1 || rc=$?
+      echo "== $name rc $rc"; tail -2 "/tmp/osc-$name.log"
+    }
+    ceiling A --steps 4000 &
+    ceiling B --steps 12000 &
+    ceiling C --steps 12000 --model paper &
+    ceiling D --steps 12000 --merf-features 10000 &
+    wait
+    ;;
   frontier)
     timeout 580 python3 bench/frontier.py --scale paper --device cuda --no-inception --reuse --jobs 1 --out "$OUT" || true
     ;;
-  *) echo "usage: gpu_run.sh [step|paper|frontier]" >&2; exit 2 ;;
+  *) echo "usage: gpu_run.sh [step|paper|ceiling|frontier]" >&2; exit 2 ;;
 esac
