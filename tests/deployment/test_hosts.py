@@ -31,7 +31,11 @@ pytestmark = [
 ]
 NODES = 3
 STEPS = 60  # enough steps for a stable median (~0.04 s each here, with two training runs on the 2 cores)
-LATENCY_RATIO = 1.2
+# Issue 25 measured 0.79-1.06 over six runs on a quiet machine; beside other work on the 2 cores the
+# sequential pair drifts (1.21, 1.22 seen with a classifier training alongside). The bound catches
+# what would be a real fault (an extra relay hop, a reconnect or handshake per step: 2x and more);
+# the precise ratio is a measurement, not an assertion.
+LATENCY_RATIO = 1.5
 # "data plane: node N connected from ipv4:ADDR:PORT to HOST:PORT (TLS)", one line per worker
 CONNECTED = re.compile(r"data plane: node (\d+) connected from ipv4:([\d.]+):\d+ to ([\d.]+):\d+ \((TLS|plaintext)\)")
 
