@@ -72,6 +72,7 @@ def fit_and_score(cfg, *, noise: float, protocol=None, screen_n: int = 20_000, e
     images, labels = generate(gen, wanted, num_classes=train.num_classes, z_dim=cfg.z_dim)
     images, labels = images.cpu(), labels.cpu()
     tx, ty = _as_tensors(test)
+    validation = _as_tensors(train, val)
     quick = {
         arch: train_eval(arch, images[:eval_n], labels[:eval_n], tx, ty, train.num_classes, epochs=5)
         for arch in ("cnn", "mlp")
@@ -80,7 +81,7 @@ def fit_and_score(cfg, *, noise: float, protocol=None, screen_n: int = 20_000, e
     screen = train_and_select(
         spec.networks(train.num_classes)["resnet"],
         (images[:screen_n], labels[:screen_n]),
-        _as_tensors(train, val),
+        validation,
         (tx, ty),
         spec,
         epsilon=float("inf"),
@@ -93,7 +94,7 @@ def fit_and_score(cfg, *, noise: float, protocol=None, screen_n: int = 20_000, e
         n = protocol.synthetic_size
         full = protocol_accuracy(
             (images[:n], labels[:n]),
-            _as_tensors(train, val),
+            validation,
             (tx, ty),
             train.num_classes,
             protocol,
