@@ -23,20 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.methods import ExperimentConfig  # noqa: E402
 from simulations.deploy import netns  # noqa: E402
-from simulations.deploy.side_by_side import latency_ratio, run_side_by_side  # noqa: E402
+from simulations.deploy.side_by_side import latency_ratio, run_side_by_side, short_run  # noqa: E402
 
 BOUND = 1.2  # issue 25: the namespaced deployment's median step within 1.2x of loopback's
-
-
-def config(base: Path, name: str, args: argparse.Namespace) -> ExperimentConfig:
-    """The deployment test's configuration: fixed-size wire, the server's sampling repeated."""
-    return ExperimentConfig(
-        num_clients=args.nodes, steps=args.steps, model=args.model, batch_size=8, n_critic=1, dataplane="grpc",
-        synthetic_samples_per_writer=24, wire_compression="none", sampling_seed=1, sample_every=10**6,
-        checkpoint_every=10**6, eval=False, progress=False, out=str(base / name), data_dir=str(base / "data"),
-    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="fedgan-hosts-") as tmp:
             base = Path(tmp)
-            pair = run_side_by_side(base, args.nodes, lambda n, b=base: config(b, n, args))
+            pair = run_side_by_side(
+                base, args.nodes, lambda n, b=base: short_run(b, n, args.nodes, args.steps, args.model)
+            )
             # the 1-minute load average at the pair's end: the ratio's context on a shared machine
             repeats.append({**latency_ratio(pair), "loadavg_1m": os.getloadavg()[0]})
     ratios = [r["ratio"] for r in repeats]

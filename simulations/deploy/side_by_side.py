@@ -40,6 +40,19 @@ class Deployed:
     dataplane_peers: list[tuple[str, str, str]]  # (from, to, security) of each worker's stream
 
 
+def short_run(base: Path, name: str, nodes: int, steps: int, model: str = "tiny") -> ExperimentConfig:
+    """One short GS-WGAN run through the gRPC data plane, written to ``base/name``.
+
+    Sizes independent of the values sent, and the server's sampling repeated (testing flag), so that
+    both deployments ask the same clients at the same steps and their bytes and ε must be equal.
+    """
+    return ExperimentConfig(
+        num_clients=nodes, steps=steps, model=model, batch_size=8, n_critic=1, dataplane="grpc",
+        synthetic_samples_per_writer=24, wire_compression="none", sampling_seed=1, sample_every=10**6,
+        checkpoint_every=10**6, eval=False, progress=False, out=str(base / name), data_dir=str(base / "data"),
+    )  # fmt: skip
+
+
 def run_side_by_side(base: Path, nodes: int, config_for: Callable[[str], ExperimentConfig]) -> dict[str, Deployed]:
     """Start both deployments under ``base``, run ``config_for(arm)`` on each at once, read what they saw."""
     with contextlib.ExitStack() as stack:

@@ -13,13 +13,10 @@ reason, where namespaces cannot be made (not root, no `ip`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from common.methods import ExperimentConfig
 from simulations.deploy import netns
-from simulations.deploy.side_by_side import latency_ratio, run_side_by_side
+from simulations.deploy.side_by_side import latency_ratio, run_side_by_side, short_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,31 +26,8 @@ NODES = 3
 STEPS = 60
 
 
-def config(tmp_path: Path, name: str) -> ExperimentConfig:
-    """One short GS-WGAN run through the gRPC data plane, written to ``tmp_path/name``."""
-    return ExperimentConfig(
-        num_clients=NODES,
-        steps=STEPS,
-        model="tiny",
-        batch_size=8,
-        n_critic=1,
-        dataplane="grpc",
-        synthetic_samples_per_writer=24,
-        # sizes independent of the values sent, and the server's sampling repeated (testing flag),
-        # so that both deployments ask the same clients at the same steps
-        wire_compression="none",
-        sampling_seed=1,
-        sample_every=10**6,
-        checkpoint_every=10**6,
-        eval=False,
-        progress=False,
-        out=str(tmp_path / name),
-        data_dir=str(tmp_path / "data"),
-    )
-
-
 def test_supernodes_on_hosts_of_their_own_match_the_loopback_deployment(tmp_path):
-    runs = run_side_by_side(tmp_path, NODES, lambda name: config(tmp_path, name))
+    runs = run_side_by_side(tmp_path, NODES, lambda name: short_run(tmp_path, name, NODES, STEPS))
     loopback, hosts = runs["loopback"], runs["hosts"]
     for d in (loopback, hosts):
         assert d.summary["status"] == "completed" and d.summary["steps_completed"] == STEPS
