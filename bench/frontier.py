@@ -82,15 +82,27 @@ def run_flags(
     flags += ["--device", args.device, "--eval-fid-samples", str(args.fid_samples), "--no-progress", "--out", str(out)]
     if not args.inception:
         flags.append("--no-eval-inception")
-    if math.isinf(target):
-        flags += [*NO_NOISE[strategy], "--node-policy", str(args.policy)]
-    else:
-        flags += ["--target-epsilon", f"{target:g}"]
+    flags += NO_NOISE[strategy] if math.isinf(target) else ["--target-epsilon", f"{target:g}"]
     if strategy == "gswgan":  # the main rows carry every lever; a lever row stops after its own
         flags += lever_flags(scale, len(LEVERS[scale]) - 1 if lever is None else lever)
     if variant is not None:
         flags += VARIANTS[variant][2]
-    return flags + args.extra
+    flags += args.extra
+    return flags + node_policy(strategy, target, flags, args.work)
+
+
+def node_policy(strategy: str, target: float, flags: list[str], work: Path) -> list[str]:
+    """``--node-policy`` for a point whose nodes would refuse it under the default policy: an ∞ point
+    sends releases without noise (allow-nonprivate), and Fed-Avg without secure sums sends raw deltas
+    for the server to noise (trust-server; the unit its rows carry, "trusted server", says so)."""
+    keys = ["allow-nonprivate"] * math.isinf(target)
+    keys += ["trust-server"] * (strategy == "fedavg-gan" and "--secure-aggregation" not in flags)
+    if not keys:
+        return []
+    path = work / f"policy-{'-'.join(keys)}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k} = true\n" for k in keys))
+    return ["--node-policy", str(path)]
 
 
 def one_point(
@@ -213,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="more simulate flags for every run (after --)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    args.policy = args.work / "allow-nonprivate.toml"
-    args.policy.write_text("allow-nonprivate = true\n")
     strategies = [s for s in (args.only.split(",") if args.only else UNITS) if s]
     targets = [math.inf if t.strip() == "inf" else float(t) for t in args.targets.split(",")]
     jobs = [(s, t, None, None) for s in strategies for t in targets]

@@ -12,6 +12,11 @@
 #            training, default 560 s): call again until it is done
 #   ceiling  DP-MERF's pooled noiseless fit under the whole dpimagebench-cpu protocol, 4 configurations
 #   frontier bench/frontier.py --scale paper --device cuda (many calls' worth; use --reuse)
+#   column   issue 26's protocol column: every method at ε 1, 10 and ∞ trained with --protocol-holdout
+#            and evaluated under dpimagebench-cpu (no Inception FID: its weights exceed the carry),
+#            the methods side by side (COLUMN="dp-merf gswgan ..." picks some; COLUMN_LIMIT_S caps each
+#            method's share of the call, default 540 s; a second call while the machine is warm goes on
+#            from the finished runs, --reuse); one tarball of frontier tables comes back
 # Everything written under $OUT comes back; checkpoints stay in runs/ on the machine only while it is warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,5 +68,32 @@ case "${1:-step}" in
   frontier)
     timeout 580 python3 bench/frontier.py --scale paper --device cuda --no-inception --reuse --jobs 1 --out "$OUT" || true
     ;;
-  *) echo "usage: gpu_run.sh [step|paper|ceiling|frontier]" >&2; exit 2 ;;
+  column)
+    # The settings of the README's protocol table, one frontier invocation per method and privacy
+    # setting (secure sums refuse σ = 0, so each ∞ point runs without them), all at once.
+    merf="--merf-dct 0 --merf-features 3000 --merf-lengthscale 5 --steps 4000"
+    secure="--secure-aggregation --secagg-cohort 1000"
+    column() {
+      local name=$1 only=$2 targets=$3 rc=0; shift 3
+      timeout "${COLUMN_LIMIT_S:-540}" python3 bench/frontier.py --only "$only" --targets "$targets" --variants none --reuse \
+        --levers-at 0 --jobs 1 --device cuda --no-inception --protocol dpimagebench-cpu --work "runs/column/$name" \
+        --out "$OUT/column/$name" -- --protocol-holdout --eval-samples 10000 "$@" > "$OUT/column/$name.log" 2>&1 || rc=$?
+      echo "== $name rc $rc"; tail -1 "$OUT/column/$name.log"
+    }
+    mkdir -p "$OUT/column"
+    for m in ${COLUMN:-dp-merf gswgan fedavg-gan dpgan dp-ntk}; do
+      case $m in
+        dp-merf) column dp-merf-secure dp-merf 1,10 $merf $secure & column dp-merf-inf dp-merf inf $merf & ;;
+        gswgan) column gswgan-secure gswgan 1,10 --secure-aggregation --clients-per-step 8 --steps 400 &
+                column gswgan-inf gswgan inf --clients-per-step 8 --steps 400 & ;;
+        fedavg-gan) column fedavg-secure fedavg-gan 1,10 --secure-aggregation & column fedavg-inf fedavg-gan inf & ;;
+        dpgan) column dpgan dpgan 1,10,inf & ;;
+        dp-ntk) column dp-ntk dp-ntk 1,10,inf & ;;
+        *) echo "gpu_run.sh column: unknown method $m" >&2 ;;
+      esac
+    done
+    wait
+    tar -C "$OUT" -czf "$OUT/column.tar.gz" column && rm -rf "$OUT/column"
+    ;;
+  *) echo "usage: gpu_run.sh [step|paper|ceiling|frontier|column]" >&2; exit 2 ;;
 esac

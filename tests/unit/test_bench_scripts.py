@@ -94,20 +94,30 @@ def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("strategy", ["gswgan", "dpgan", "fedavg-gan", "dp-merf"])
 def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
-    """Every point's flags are ones `fedgan simulate` accepts (the ∞ point swaps the target for no noise)."""
+    """Every point's flags are ones `fedgan simulate` accepts (the ∞ point swaps the target for no noise)
+    and that the nodes' policy admits (∞: allow-nonprivate; Fed-Avg without secure sums: trust-server)."""
     import argparse
 
+    from common.privacy.policy import policy_from_file
     from simulations.cli import build_parser
 
     module = load_bench(ROOT / "bench" / "frontier.py", monkeypatch)
     args = argparse.Namespace(dataset="fashion-mnist", device="cpu", fid_samples=200, inception=True, extra=[])
-    args.policy = tmp_path / "allow.toml"
-    for target in (1.0, float("inf")):
-        flags = module.run_flags("cpu", strategy, target, args, tmp_path / "run")
-        parsed = build_parser().parse_args(flags)
-        assert parsed.strategy == strategy
-        if target == float("inf"):
-            assert "--target-epsilon" not in flags and str(args.policy) in flags
+    args.work = tmp_path / "work"
+    for extra in ([], ["--secure-aggregation"]):
+        args.extra = extra
+        for target in (1.0, float("inf")):
+            flags = module.run_flags("cpu", strategy, target, args, tmp_path / "run")
+            parsed = build_parser().parse_args(flags)
+            assert parsed.strategy == strategy
+            policy = policy_from_file(flags[flags.index("--node-policy") + 1]) if "--node-policy" in flags else None
+            assert (
+                (target == float("inf"))
+                == ("--target-epsilon" not in flags)
+                == bool(policy and policy.allow_nonprivate)
+            )
+            trusted = strategy == "fedavg-gan" and not extra
+            assert trusted == bool(policy and policy.trust_server), (strategy, extra, target)
     for i, (variant_strategy, _, _) in enumerate(module.VARIANTS):
         if variant_strategy == strategy:
             flags = module.run_flags("cpu", strategy, 100.0, args, tmp_path / "run", variant=i)
