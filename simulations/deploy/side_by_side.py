@@ -55,6 +55,7 @@ def short_run(base: Path, name: str, nodes: int, steps: int, model: str = "tiny"
 
 def run_side_by_side(base: Path, nodes: int, config_for: Callable[[str], ExperimentConfig]) -> dict[str, Deployed]:
     """Start both deployments under ``base``, run ``config_for(arm)`` on each at once, read what they saw."""
+    cfgs = {name: config_for(name) for name in ARMS}
     with contextlib.ExitStack() as stack:
         deps = {
             name: stack.enter_context(
@@ -63,13 +64,13 @@ def run_side_by_side(base: Path, nodes: int, config_for: Callable[[str], Experim
             for name, use_netns in ARMS.items()
         }
         with ThreadPoolExecutor(len(deps)) as pool:
-            futures = {n: pool.submit(run_on_deployment, dep, config_for(n)) for n, dep in deps.items()}
+            futures = {n: pool.submit(run_on_deployment, dep, cfgs[n]) for n, dep in deps.items()}
             codes = {n: f.result() for n, f in futures.items()}
         for name, code in codes.items():
             if code != 0:
                 tail = (deps[name].workdir / SERVERAPP_LOG).read_text()[-3000:]
                 raise SideBySideError(f"the {name} deployment's run exited {code}:\n{tail}")
-        results = {name: observed(dep, Path(config_for(name).out)) for name, dep in deps.items()}
+        results = {name: observed(dep, Path(cfgs[name].out)) for name, dep in deps.items()}
         tags = [dep.namespaces.tag for dep in deps.values() if dep.namespaces is not None]
     left = [n for n in netns_names() for tag in tags if n.startswith(tag)]
     if left:
