@@ -92,7 +92,7 @@ def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch,
     assert (tmp_path / "out" / "frontier-synthetic-cpu.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("strategy", ["gswgan", "dpgan", "fedavg-gan", "dp-merf"])
+@pytest.mark.parametrize("strategy", ["gswgan", "dpgan", "fedavg-gan", "dp-merf", "dp-ntk"])
 def test_frontier_flags_parse_for_every_point(strategy, tmp_path, monkeypatch):
     """Every point's flags are ones `fedgan simulate` accepts (the ∞ point swaps the target for no noise)
     and that the nodes' policy admits (∞: allow-nonprivate; Fed-Avg without secure sums: trust-server)."""
