@@ -144,6 +144,34 @@ def one_point(
     return {**point, **label}
 
 
+def point_key(point: dict[str, Any]) -> tuple[str, float, str | None, str | None]:
+    """What names one cell of the frontier: a strategy at a target, maybe as a lever or a variant."""
+    return (point["strategy"], float(point["target"]), point.get("lever"), point.get("variant"))
+
+
+def merge_points(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points already tabulated, each replaced by this invocation's point for the same cell.
+
+    Per cell, not per strategy: adding one method's ∞ to a table that holds its ε 1 and 10 keeps them,
+    even when their run directories are gone. A cell this invocation only reports as not run
+    (`--collect-only` over a work folder without it) never overwrites a measured one."""
+    fresh = {point_key(r): r for r in rows}
+    kept = []
+    for old in before:
+        new = fresh.get(point_key(old))
+        if new is not None and "error" in new and "error" not in old:
+            fresh.pop(point_key(old))  # keep the measured point, drop the placeholder
+            kept.append(old)
+        elif new is None:
+            kept.append(old)
+    merged = kept + [r for r in rows if point_key(r) in fresh and fresh[point_key(r)] is r]
+    order = list(dict.fromkeys(r["strategy"] for r in merged))
+    plain = [r for r in merged if r.get("lever") is None and "variant" not in r]
+    return sorted(plain, key=lambda r: (order.index(r["strategy"]), float(r["target"]))) + [
+        r for r in merged if r.get("lever") is not None or "variant" in r
+    ]
+
+
 def point_from_run(strategy: str, target: float, out: Path, wall: float | None) -> dict[str, Any]:
     privacy = json.loads((out / "privacy.json").read_text())
     evaluation = json.loads((out / "eval.json").read_text())
@@ -220,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="keep the other strategies' points of the frontier already in --out (its JSON) and add these",
+        help="keep the points of the frontier already in --out (its JSON) and add or replace these, cell by cell",
     )
     parser.add_argument("extra", nargs="*", help="more simulate flags for every run (after --)")
     args = parser.parse_args(argv)
@@ -256,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge and (args.out / f"{stem}.json").exists():
         before = json.loads((args.out / f"{stem}.json").read_text())
-        rows = [r for r in before["points"] if r["strategy"] not in strategies] + rows
+        rows = merge_points(before["points"], rows)
         command = f"{before['command'].strip()}`, then `{command.strip()}"
     result = {
         "benchmark": "frontier",

@@ -138,6 +138,32 @@ def test_frontier_reads_a_runs_protocol_figures_and_tabulates_them(tmp_path, mon
     assert any("DP-Kernel | 70.0%" in line for line in module.published_table())
 
 
+def test_frontier_merge_replaces_cell_by_cell_and_keeps_measured_points(monkeypatch):
+    """--merge adds one method's ∞ to a table holding its ε 1 and 10 (whose runs may be gone): the other
+    cells stay, a rerun cell replaces its old point, and a not-run placeholder never erases a figure."""
+    module = load_bench(ROOT / "bench" / "frontier.py", monkeypatch)
+    before = [
+        {"strategy": "dp-merf", "target": 10, "gen2real_cnn": 0.7},
+        {"strategy": "gswgan", "target": 1, "gen2real_cnn": 0.05},
+        {"strategy": "gswgan", "target": 10, "gen2real_cnn": 0.3},
+        {"strategy": "gswgan", "target": 10, "lever": "as published", "gen2real_cnn": 0.2},
+    ]
+    rows = [
+        {"strategy": "gswgan", "target": 1, "error": "not run (--collect-only)"},
+        {"strategy": "gswgan", "target": 10, "gen2real_cnn": 0.4},
+        {"strategy": "gswgan", "target": float("inf"), "gen2real_cnn": 0.6},
+    ]
+    merged = module.merge_points(before, rows)
+    cells = [(r["strategy"], r["target"], r.get("lever"), r.get("gen2real_cnn")) for r in merged]
+    assert cells == [
+        ("dp-merf", 10, None, 0.7),
+        ("gswgan", 1, None, 0.05),
+        ("gswgan", 10, None, 0.4),
+        ("gswgan", float("inf"), None, 0.6),
+        ("gswgan", 10, "as published", 0.2),
+    ]
+
+
 def test_scale_runs_an_inprocess_arm(tmp_path, monkeypatch):
     """bench/scale.py's timing wrapper once lacked the transport's setup_totals: every arm failed."""
     module = load_bench(ROOT / "bench" / "scale.py", monkeypatch)
