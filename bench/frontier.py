@@ -156,15 +156,13 @@ def merge_points(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> li
     even when their run directories are gone. A cell this invocation only reports as not run
     (`--collect-only` over a work folder without it) never overwrites a measured one."""
     fresh = {point_key(r): r for r in rows}
-    kept = []
-    for old in before:
-        new = fresh.get(point_key(old))
-        if new is not None and "error" in new and "error" not in old:
-            fresh.pop(point_key(old))  # keep the measured point, drop the placeholder
-            kept.append(old)
-        elif new is None:
-            kept.append(old)
-    merged = kept + [r for r in rows if point_key(r) in fresh and fresh[point_key(r)] is r]
+    kept = [
+        old
+        for old in before
+        if point_key(old) not in fresh or ("error" in fresh[point_key(old)] and "error" not in old)
+    ]
+    kept_keys = {point_key(r) for r in kept}
+    merged = kept + [r for key, r in fresh.items() if key not in kept_keys]
     order = list(dict.fromkeys(r["strategy"] for r in merged))
     plain = [r for r in merged if r.get("lever") is None and "variant" not in r]
     return sorted(plain, key=lambda r: (order.index(r["strategy"]), float(r["target"]))) + [
