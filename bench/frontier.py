@@ -117,26 +117,23 @@ def one_point(
     name += "" if variant is None else f"-variant{variant}"
     label = {} if variant is None else {"variant": VARIANTS[variant][1]}
     out = args.work / name
-    if out.exists() and (out / "eval.json").exists() and (args.reuse or args.collect_only):
-        wall = json.loads((out / "summary.json").read_text()).get("wall_s")
-    elif args.collect_only:
+    finished = out.exists() and (out / "eval.json").exists() and (args.reuse or args.collect_only)
+    if not finished and args.collect_only:
         name = None if lever is None else LEVERS[scale][lever][0]
         return {"strategy": strategy, "target": target, "lever": name, **label, "error": "not run (--collect-only)"}
-    else:
+    if not finished:
         if out.exists():
             subprocess.run(["rm", "-rf", str(out)], check=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGAN_CLIENT_THREADS": "1"}
         cmd = [sys.executable, "-m", "simulations.cli", *run_flags(scale, strategy, target, args, out, lever, variant)]
         log = args.work / f"{name}.log"
         args.work.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
         with open(log, "w") as fh:
             code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-        wall = time.perf_counter() - start
         if code != 0:
             name = None if lever is None else LEVERS[scale][lever][0]
             return {"strategy": strategy, "target": target, "lever": name, **label, "error": f"exit {code}, see {log}"}
-    point = point_from_run(strategy, target, out, wall)
+    point = point_from_run(strategy, target, out)
     if args.protocol != "quick":
         point.update(protocol_figures(out, args.protocol, evaluate=not args.collect_only))
     if lever is not None:
@@ -170,7 +167,10 @@ def merge_points(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> li
     ]
 
 
-def point_from_run(strategy: str, target: float, out: Path, wall: float | None) -> dict[str, Any]:
+def point_from_run(strategy: str, target: float, out: Path) -> dict[str, Any]:
+    """One point's figures, all read from its run directory. Its wall s is the run's own training
+    wall (summary.json), so a fresh run and a later ``--collect-only`` of it tabulate the same figure
+    (the subprocess's time would add the quick evaluation to the one and not the other)."""
     privacy = json.loads((out / "privacy.json").read_text())
     evaluation = json.loads((out / "eval.json").read_text())
     config = json.loads((out / "config.json").read_text())
@@ -205,7 +205,7 @@ def point_from_run(strategy: str, target: float, out: Path, wall: float | None) 
         "gen2real_mlp": evaluation["gen2real_acc"]["mlp"],
         "real2gen_cnn": evaluation["real2gen_acc"]["cnn"],
         "real2gen_mlp": evaluation["real2gen_acc"].get("mlp"),
-        "wall_s": wall,
+        "wall_s": json.loads((out / "summary.json").read_text()).get("wall_s"),
         "run_dir": str(out),
     }
 

@@ -84,6 +84,8 @@ def test_frontier_runs_a_point_and_recomputes_its_epsilon(tmp_path, monkeypatch,
     assert dpac["variant"] == module.VARIANTS[0][1] and dpac["epsilon"] == pytest.approx(10, rel=1e-3)
     assert json.loads((Path(dpac["run_dir"]) / "config.json").read_text())["dpac_beta"] == 0.5
     assert main["epsilon_recomputed"] == main["epsilon"]
+    # the run's own training wall, as a later --collect-only of the same run reads it
+    assert main["wall_s"] == json.loads((Path(main["run_dir"]) / "summary.json").read_text())["wall_s"]
     assert [row["lever"] for row in levers] == ["as published", module.LEVERS["cpu"][1][0]]
     assert levers[-1]["run_dir"] == main["run_dir"]  # the last lever row is the main row, run once
     table = (tmp_path / "out" / "frontier-synthetic-cpu.md").read_text()
