@@ -47,6 +47,7 @@ def protocol_figures(out: Path, protocol: str, *, evaluate: bool) -> dict[str, A
         "protocol_fid": got["fid"]["value"],
         "protocol_fid_samples": got["fid"]["num_samples"],
         "protocol_validation_in_training": got["validation_in_training"],
+        "protocol_device": got.get("device", "cpu"),  # evaluations before the field ran on this CPU
     }
 
 
@@ -64,7 +65,9 @@ def protocol_cell(r: dict[str, Any]) -> str:
         return "—"
     fid = r.get("protocol_fid")
     fid_text = "" if fid is None else f", FID {fid:.0f} (N {r['protocol_fid_samples']:,})"
-    return f"{r['protocol_acc']:.1%} ± {r['protocol_acc_std']:.1%}{fid_text}"
+    device = r.get("protocol_device", "cpu")
+    where = "" if device == "cpu" else f", classifiers on {device}"
+    return f"{r['protocol_acc']:.1%} ± {r['protocol_acc_std']:.1%}{fid_text}{where}"
 
 
 def published_table() -> list[str]:

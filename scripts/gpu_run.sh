@@ -17,6 +17,9 @@
 #            the methods side by side (COLUMN="dp-merf gswgan ..." picks some; COLUMN_LIMIT_S caps each
 #            method's share of the call, default 540 s; a second call while the machine is warm goes on
 #            from the finished runs, --reuse); one tarball of frontier tables comes back
+#   evaluate runs trained elsewhere, packed here by scripts/gpu_protocol_runs.py into runs/carry (carry it
+#            too), each evaluated under $PROTOCOL (default dpimagebench-cpu), all at once; one tarball of
+#            their eval.json and logs comes back for gpu_protocol_runs.py unpack
 # Everything written under $OUT comes back; checkpoints stay in runs/ on the machine only while it is warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -95,5 +98,19 @@ case "${1:-step}" in
     wait
     tar -C "$OUT" -czf "$OUT/column.tar.gz" column && rm -rf "$OUT/column"
     ;;
-  *) echo "usage: gpu_run.sh [step|paper|ceiling|frontier|column]" >&2; exit 2 ;;
+  evaluate)
+    # Each process trains its classifiers on the one GPU; its host threads share the 16 cores.
+    mkdir -p "$OUT/evaluate"
+    for run in runs/carry/*/; do
+      name=$(basename "$run")
+      ( rc=0
+        OMP_NUM_THREADS=2 timeout "${EVAL_LIMIT_S:-540}" python3 -m simulations.cli evaluate "$run" \
+          --protocol "${PROTOCOL:-dpimagebench-cpu}" --no-inception --no-progress > "$OUT/evaluate/$name.log" 2>&1 || rc=$?
+        echo "== $name rc $rc"; tail -n 2 "$OUT/evaluate/$name.log"
+        cp "$run/eval.json" "$OUT/evaluate/$name.eval.json" 2>/dev/null || true ) &
+    done
+    wait
+    tar -C "$OUT" -czf "$OUT/evaluate.tar.gz" evaluate && rm -rf "$OUT/evaluate"
+    ;;
+  *) echo "usage: gpu_run.sh [step|paper|ceiling|frontier|column|evaluate]" >&2; exit 2 ;;
 esac

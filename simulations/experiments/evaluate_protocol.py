@@ -62,6 +62,7 @@ def evaluate_protocol(
     eps = math.inf if epsilon is None else float(epsilon)
     say = (lambda msg: print(f"fedgan: {msg}", flush=True)) if progress else None
     start = time.perf_counter()
+    device = resolve_device(cfg.device)
     keep, val = protocol_splits(evaluator.train)
     n = spec.synthetic_size
     images, labels = generate(gen, max(n, spec.fid_samples), num_classes=evaluator.num_classes, z_dim=cfg.z_dim)
@@ -73,7 +74,7 @@ def evaluate_protocol(
         spec,
         epsilon=eps,
         seed=PROTOCOL_SEED,
-        device=resolve_device(cfg.device),
+        device=device,
         progress=say,
     )
     result = {
@@ -83,8 +84,15 @@ def evaluate_protocol(
         "publishable": False,
         "data": NOT_PUBLISHED,
         "wall_s": time.perf_counter() - start,
+        "device": device_label(device),
     }
     return result
+
+
+def device_label(device: torch.device) -> str:
+    """Where the classifiers trained ("cpu" or the GPU's name): the same recipe on another device
+    differs by rounding and by its kernels' nondeterminism, so a table that mixes them says which."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _validation_in_training(cfg: ExperimentConfig) -> bool:

@@ -56,6 +56,7 @@ def test_evaluate_with_the_protocol_writes_its_figures_and_keeps_them_private(ru
     assert got["num_train"] == 220 and got["num_test"] > 0 and got["num_validation"] > 0
     assert got["validation_in_training"] is True and got["publishable"] is False
     assert got["fid"]["value"] is None  # --no-inception
+    assert got["device"] == "cpu"  # where the classifiers trained, for tables that mix devices
     saved = json.loads((run_dir / "eval.json").read_text())
     assert saved["protocol"]["mean"] == got["mean"]
     published = json.loads((run_dir / "publish" / "release.json").read_text())["eval"]

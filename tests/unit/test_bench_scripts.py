@@ -137,6 +137,10 @@ def test_frontier_reads_a_runs_protocol_figures_and_tabulates_them(tmp_path, mon
     assert module.protocol_cell(point) == "71.0% ± 2.0%, FID 88 (N 2,000)"
     assert module.protocol_figures(tmp_path, "dpimagebench", evaluate=False)["protocol_acc"] is None
     assert module.protocol_cell({"protocol_acc": None}) == "—"
+    gpu = {**got, "fid": {"value": None, "num_samples": 3000}, "validation_in_training": False, "device": "NVIDIA H200"}
+    (tmp_path / "eval.json").write_text(json.dumps({"protocol": gpu}))
+    point = module.protocol_figures(tmp_path, "dpimagebench-cpu", evaluate=False)
+    assert module.protocol_cell(point) == "71.0% ± 2.0%, classifiers on NVIDIA H200"
     assert any("DP-Kernel | 70.0%" in line for line in module.published_table())
 
 
@@ -217,3 +221,54 @@ def test_one_shot_ceiling_scores_a_pooled_fit_under_the_whole_protocol(monkeypat
     assert set(row["protocol"]["per_network"]) == {"resnet", "wrn", "resnext"}
     accs = list(row["protocol"]["per_network"].values())
     assert row["protocol"]["mean"] == pytest.approx(sum(accs) / 3)
+
+
+def test_gpu_protocol_runs_carries_slim_runs_and_takes_back_only_the_protocol_figures(tmp_path, monkeypatch):
+    """pack keeps what `fedgan evaluate` reads (not the clients' states nor the optimizer's); unpack puts
+    the GPU's protocol figures into the run's own eval.json, its quick figures untouched, and says so
+    when a run's figures did not come back."""
+    import tarfile
+
+    import torch
+
+    from common.tensor_files import load_tensors, save_tensors
+
+    module = load_bench(ROOT / "scripts" / "gpu_protocol_runs.py", monkeypatch)
+    runs = []
+    for name in ("gswgan-eps10", "dp-ntk-eps1"):
+        run = tmp_path / "work" / name
+        (run / "clients").mkdir(parents=True)
+        (run / "clients" / "0.pt").write_bytes(b"x" * 1000)
+        ckpt = {"released_generator": {"w": torch.ones(3)}, "generator_optimizer": {"m": torch.zeros(1000)}}
+        save_tensors(ckpt, run / "checkpoint.pt")
+        for f in ("config.json", "summary.json", "privacy.json"):
+            (run / f).write_text("{}")
+        (run / "eval.json").write_text(json.dumps({"fid": {"value": 119.0}}))
+        runs.append(run)
+    copies = module.pack(runs, carry=tmp_path / "carry")
+    assert sorted(p.name for p in copies[0].iterdir()) == [
+        "checkpoint.pt",
+        "config.json",
+        "privacy.json",
+        "summary.json",
+    ]
+    assert set(load_tensors(copies[0] / "checkpoint.pt")) == {"released_generator"}
+    with pytest.raises(SystemExit, match="share a folder name"):
+        module.pack([runs[0], runs[0]], carry=tmp_path / "carry")
+
+    back = tmp_path / "back"
+    (back / "evaluate").mkdir(parents=True)
+    got = {"protocol": "dpimagebench-cpu", "mean": 0.4, "std": 0.02, "device": "NVIDIA H200"}
+    (back / "evaluate" / "gswgan-eps10.eval.json").write_text(json.dumps({"fid": {"value": None}, "protocol": got}))
+    (back / "evaluate" / "dp-ntk-eps1.log").write_text("Traceback: out of memory\n")
+    with tarfile.open(back / "evaluate.tar.gz", "w:gz") as tar:
+        tar.add(back / "evaluate", arcname="evaluate")
+    for f in (back / "evaluate").iterdir():
+        f.unlink()
+    outcome = module.unpack(back, runs)
+    assert outcome["gswgan-eps10"] == "dpimagebench-cpu: 40.0% ± 2.0% on NVIDIA H200"
+    assert "no protocol figures came back" in outcome["dp-ntk-eps1"]
+    local = json.loads((runs[0] / "eval.json").read_text())
+    assert local == {"fid": {"value": 119.0}, "protocol": got}
+    assert "protocol" not in json.loads((runs[1] / "eval.json").read_text())
+    assert (runs[1] / "protocol-gpu.log").read_text().startswith("Traceback")
