@@ -23,7 +23,11 @@
 # Everything written under $OUT comes back; checkpoints stay in runs/ on the machine only while it is warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl
+# Once per machine: a second call while it is warm (or a second mode in one call) finds them installed.
+if [ ! -f /tmp/site/.fedgan-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl
+  touch /tmp/site/.fedgan-wheels
+fi
 export PYTHONPATH=/tmp/site:$PWD FEDGAN_DATA=$PWD/.gpu/data PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/fedgan-out}
 mkdir -p "$OUT"
