@@ -123,6 +123,10 @@ class ClientRecords:
             self.charged[client_id] = self.own_total(client_id).copy()  # charged later, never the own
             self.version += 1
 
+    def releases(self, client_id: int) -> int:
+        """How many releases the client has made: the larger of the server's record and its ledgers'."""
+        return max(self.charged.get(client_id, NO_RELEASES).queries, self.own_total(client_id).queries)
+
     def ledger_of(self, client_id: int) -> PrivacyLedger:
         """The larger of everything the client's ledgers showed and the server's record of it."""
         own, charged = self.own_total(client_id), self.charged.get(client_id, NO_RELEASES)

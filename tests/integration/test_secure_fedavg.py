@@ -66,3 +66,16 @@ def test_a_round_sums_its_deltas_and_no_delta_leaves_a_node(tmp_path) -> None:
 def test_what_a_secure_round_needs_is_checked_up_front(tmp_path, changes, field) -> None:
     with pytest.raises(ConfigError, match=field):
         secure_cfg(tmp_path / "run", **changes)
+
+
+def test_a_target_epsilon_run_lasts_every_round_and_spends_each_clients_share(tmp_path) -> None:
+    """--target-epsilon calibrates z for each client's share ceil(T·m/K) of the rounds and makes it
+    the budget; the server draws least-used first, so all T rounds run and every client spends its
+    share (uniform draws stopped such runs a round or two early with budget unspent)."""
+    cfg = secure_cfg(tmp_path / "run", steps=8, target_epsilon=20.0)
+    assert cfg.fedavg_noise_multiplier > 0 and cfg.client_epsilon_budget == 20.0
+    transport = InProcessTransport(client_app, cfg.num_clients, node_state=tmp_path / "nodes")
+    summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
+    assert summary["status"] == "completed" and summary["steps_completed"] == 8
+    assert [c["queries"] for c in summary["clients"]] == [4] * 6
+    assert all(c["epsilon"] <= 20.0 + 1e-6 for c in summary["clients"])

@@ -87,8 +87,8 @@ class FedAvgServer(ServerBase):
     # --- a round ---------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
         """Every available node independently with probability q = m/K (possibly none); through
-        secure sums, m of them uniformly (no amplification is claimed: the draw only has to give the
-        sum its t inputs), or none when fewer than t remain."""
+        secure sums, m of them within budget, least-used first (no amplification is claimed: the draw
+        only has to give the sum its t inputs; ``sample_within_budget``), or none when fewer than t remain."""
         if self.secure:
             chosen = self.sample_within_budget(self.sampler, available, self.cfg.fedavg_clients_per_round, self.planned)
             return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here

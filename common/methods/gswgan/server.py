@@ -72,7 +72,8 @@ class GsWganServer(ServerBase):
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
         """m of the available nodes, uniformly without replacement, from the secret sampler; the
-        server's ledger records the draw at the rate that actually ran (q_t = m/K_t)."""
+        server's ledger records the draw at the rate that actually ran (q_t = m/K_t). Through secure
+        sums (no amplification claimed), m within budget, least-used first (``sample_within_budget``)."""
         if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
             chosen = self.sample_within_budget(self.sampler, available, self.cfg.clients_per_step, self.planned)
             return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
