@@ -5,11 +5,12 @@
     python scripts/gpu_protocol_runs.py unpack DIR RUN [RUN ...]  # here: DIR = where evaluate.tar.gz came back
 
 Why: ``fedgan evaluate RUN --protocol dpimagebench-cpu`` trains three classifiers per run, ~75 minutes on
-2 CPU cores and minutes on a GPU, while the training of most cells fits the CPU. Why slim: the device
-tool carries 64 MiB a call and the wheels take 49; the evaluation needs a run's config, summary,
-privacy record and released generator, not the clients' states (~0.4 GB for GS-WGAN at K = 3,000) nor
-the optimizer's. Unpacking takes only the ``"protocol"`` figures of the GPU's eval.json into the run's
-own (its quick figures, Inception FID included, stay the CPU's: the GPU has no Inception weights)."""
+2 CPU cores and minutes on a GPU, while the training of most cells fits the CPU. Why slim: the
+device tool carries 64 MiB a call and the wheels take 49; the evaluation needs a run's config,
+summary and released generator, not its privacy record (1.4 MB at K = 3,000), the clients' states
+(~0.4 GB for GS-WGAN at K = 400) nor the optimizer's. Unpacking takes only the ``"protocol"`` figures
+of the GPU's eval.json into the run's own (its quick figures, Inception FID included, stay the CPU's:
+the GPU has no Inception weights)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from common.tensor_files import load_tensors, save_tensors  # noqa: E402
 from server.reporting import atomic_write_json  # noqa: E402
 
 CARRY = ROOT / "runs" / "carry"
-KEEP = ("config.json", "summary.json", "privacy.json", "progress.json")
+KEEP = ("config.json", "summary.json")  # what `fedgan evaluate` reads, with the checkpoint
 
 
 def pack(runs: list[Path], carry: Path = CARRY) -> list[Path]:

@@ -249,7 +249,6 @@ def test_gpu_protocol_runs_carries_slim_runs_and_takes_back_only_the_protocol_fi
     assert sorted(p.name for p in copies[0].iterdir()) == [
         "checkpoint.pt",
         "config.json",
-        "privacy.json",
         "summary.json",
     ]
     assert set(load_tensors(copies[0] / "checkpoint.pt")) == {"released_generator"}
