@@ -11,12 +11,15 @@ a damaged cache is recomputed with a warning, never trusted and never fatal.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import tempfile
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,9 +108,27 @@ def _calculate_frechet_distance() -> Callable[..., float]:
     from .torchvision_compat import ensure_torchvision
 
     ensure_torchvision()
-    from pytorch_fid.fid_score import calculate_frechet_distance
+    import pytorch_fid.fid_score as fid_score
+    from scipy import linalg
 
-    return calculate_frechet_distance
+    if "disp" not in inspect.signature(linalg.sqrtm).parameters:  # SciPy >= 1.18 (a lent GPU's image)
+        fid_score.linalg = types.SimpleNamespace(sqrtm=sqrtm_with_disp(linalg.sqrtm))
+    return fid_score.calculate_frechet_distance
+
+
+def sqrtm_with_disp(sqrtm: Callable[[np.ndarray], np.ndarray]) -> Callable[..., Any]:
+    """``sqrtm`` with the ``disp`` argument pytorch-fid 0.3 passes (``disp=False``: the root and its
+    error estimate), for a SciPy that removed it (1.18): this project pins scipy < 1.18, but a lent
+    GPU's image has its own SciPy, and every evaluation there failed on the keyword."""
+
+    def wrapped(a: np.ndarray, disp: bool = True) -> Any:
+        root = sqrtm(a)
+        if disp:
+            return root
+        err = np.linalg.norm(root @ root - a, "fro") ** 2 / max(np.linalg.norm(a, "fro"), np.finfo(float).tiny)
+        return root, err
+
+    return wrapped
 
 
 def cached_stats(cache_path: str | Path, compute: Callable[[], np.ndarray]) -> FeatureStats:

@@ -242,3 +242,16 @@ def test_real_inception_features_on_digits():
     distances = np.linalg.norm(features[:, None] - features[None], axis=-1)
     np.fill_diagonal(distances, np.inf)
     assert (distances.argmin(axis=1) // 4 == np.arange(8) // 4).all(), distances.round(1)
+
+
+def test_sqrtm_with_disp_serves_pytorch_fids_call_on_a_scipy_without_the_keyword():
+    """A lent GPU's SciPy (1.18) dropped ``disp``; pytorch-fid 0.3 passes ``disp=False`` and unpacks two values."""
+    import numpy as np
+    from scipy import linalg
+
+    from common.evaluation.fid import sqrtm_with_disp
+
+    a = np.array([[4.0, 1.0], [1.0, 3.0]])
+    root, err = sqrtm_with_disp(lambda m: linalg.sqrtm(m))(a, disp=False)
+    assert np.allclose(root @ root, a) and 0 <= err < 1e-12
+    assert np.allclose(sqrtm_with_disp(lambda m: linalg.sqrtm(m))(a), root)
