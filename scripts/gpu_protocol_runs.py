@@ -56,19 +56,19 @@ def pack(runs: list[Path], carry: Path = CARRY) -> list[Path]:
 
 
 def unpack(back: Path, runs: list[Path]) -> dict[str, str]:
-    """Each run's eval.json gains the protocol figures the GPU wrote for it; returns run name -> what happened."""
-    tarball = back / "evaluate.tar.gz"
-    with tarfile.open(tarball) as tar:
-        tar.extractall(back, filter="data")
+    """Each run's eval.json gains the protocol figures the GPU wrote for it; returns run name -> what
+    happened. The tarball's members are read, never extracted (nothing in it can write elsewhere)."""
+    with tarfile.open(back / "evaluate.tar.gz") as tar:
+        files = {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     outcome = {}
     for run in runs:
-        got = back / "evaluate" / f"{run.name}.eval.json"
-        log = back / "evaluate" / f"{run.name}.log"
-        if log.is_file():
-            shutil.copy2(log, run / "protocol-gpu.log")
-        protocol = json.loads(got.read_text()).get("protocol") if got.is_file() else None
+        log = files.get(f"{run.name}.log")
+        if log is not None:
+            (run / "protocol-gpu.log").write_bytes(log)
+        got = files.get(f"{run.name}.eval.json")
+        protocol = json.loads(got).get("protocol") if got is not None else None
         if not isinstance(protocol, dict):
-            outcome[run.name] = f"no protocol figures came back (see {log})"
+            outcome[run.name] = f"no protocol figures came back (see {run / 'protocol-gpu.log'})"
             continue
         local = json.loads((run / "eval.json").read_text())
         local["protocol"] = protocol
