@@ -71,3 +71,22 @@ def test_an_unknown_protocol_is_refused_by_the_cli(run_dir, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["evaluate", str(run_dir), "--protocol", "dpimagebench-gpu"])
     assert exit_.value.code == 2 and "dpimagebench-cpu" in capsys.readouterr().err
+
+
+def test_a_packed_run_still_evaluates_under_the_protocol(run_dir, tmp_path, monkeypatch):
+    """scripts/gpu_protocol_runs.py carries only what `fedgan evaluate` reads (its KEEP list and the
+    released generator): a real run's slim copy must evaluate, or the GPU call learns it too late."""
+    import importlib.util
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("gpu_protocol_runs", ROOT / "scripts" / "gpu_protocol_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tiny = dataclasses.replace(
+        anchors.RECIPES["dpimagebench-cpu"], name="tiny", synthetic_size=240, epochs=1, step_epochs=1, batch_size=64
+    )
+    monkeypatch.setitem(anchors.RECIPES, "tiny", tiny)
+    (copy,) = module.pack([run_dir], carry=tmp_path / "carry")
+    result = evaluate_run(copy, num_samples=40, inception=False, progress=False, protocol="tiny")
+    assert result["protocol"]["protocol"] == "tiny" and result["protocol"]["device"] == "cpu"
