@@ -143,8 +143,8 @@ class ServerBase:
         clients spent and others short, so the last steps found fewer than m with budget and the
         run stopped early with budget unspent (K 6, m 3, 12 steps: 10 or 11 steps; 399 of 400 at
         the frontier's settings). A draw over budget is set aside and another drawn from the rest.
-        The levels cost one record lookup per available node (~1 µs: 0.1 s a step at K = 100,000,
-        measured here), small beside a secure step's seconds of key agreement and masking."""
+        The levels cost one record lookup per available node a step (O(K), where the uniform draw
+        touched about m), small beside a secure step's key agreement and masking."""
         budget, delta = self.cfg.client_epsilon_budget, self.cfg.delta
 
         def eligible(node: int) -> bool:
