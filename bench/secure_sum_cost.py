@@ -159,7 +159,8 @@ def measure_secure(
     session = f"bench-eps{params['epsilon']:g}".replace(".", "_")
     start = time.perf_counter()
     for node, x in zip(nodes, vectors, strict=True):
-        deposit_input(transport.contexts[node], session, decode_signed(encode(x, plan, rng), plan.bits))
+        vector = decode_signed(encode(x, plan, rng), plan.bits)
+        deposit_input(transport.contexts[node], session, vector, floor=plan.threshold, bound=params["input_range"])
     encode_s = time.perf_counter() - start
     degree, cpu = params["degree"], time.process_time()
     result = secure_sum(

@@ -172,12 +172,12 @@ class Node:
         charge_node(self.state_dir, dict(charges), method=self.cfg.strategy)
         self.__dict__.pop("book", None)  # read again when next asked
 
-    def deposit_secure_input(self, session: str, vector: object) -> None:
+    def deposit_secure_input(self, session: str, vector: object, *, floor: int, bound: int) -> None:
         """Leave this node's integer vector for the secure sum ``session`` (masked in its third round,
-        never sent in the clear)."""
+        never sent in the clear), bound to the floor and range its noise share was calibrated for."""
         from .secure_sum import deposit_input  # it imports this module (the node's policy)
 
-        deposit_input(self.context, session, vector)
+        deposit_input(self.context, session, vector, floor=floor, bound=bound)
 
     def record_release(self, state: ClientState, before: PrivacyLedger) -> None:
         """The release just made on ``state`` (its ledger's events since ``before``) charged to the

@@ -34,6 +34,7 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, 
 
 from common.secagg import (
     NODE_IDS,
+    DepositTerms,
     PUBLIC_KEY_BYTES,
     SEED_BYTES,
     SecAggError,
@@ -79,6 +80,7 @@ from .node import node_policy
 SESSION_PREFIX = "secagg."
 INPUT_PREFIX = "secagg-input."
 INPUT_KEY = "x"
+TERMS_PREFIX = "secagg-terms."
 MAX_OPEN_SESSIONS = 8  # a server that opens sessions and never finishes them cannot fill the node's memory
 
 
@@ -119,24 +121,43 @@ class Session:
 
 
 # --- the caller's side: deposit the input ---------------------------------------------------------
-def deposit_input(context: Context, session: str, vector: np.ndarray) -> None:
-    """Leave this node's input for ``session``: a 1-D integer vector, masked in the sum's third round
-    (where it is range-checked against the bound the server declared) and then deleted."""
+def deposit_input(context: Context, session: str, vector: np.ndarray, *, floor: int, bound: int) -> None:
+    """Leave this node's input for ``session``: a 1-D integer vector in ±``bound`` whose noise share
+    was calibrated for sums of at least ``floor`` inputs. The terms are kept with it: a sum declared
+    with a lower floor, another range or length is refused at its first round (``DepositTerms``); the
+    input is masked in the third round (range-checked again) and then deleted."""
     problem = session_problem(session)
     vector = np.asarray(vector)
     if problem or vector.ndim != 1 or vector.dtype.kind not in "iu":
         raise ValueError(problem or f"a secure sum's input is a 1-D integer vector, got {vector.dtype} {vector.shape}")
+    if floor < 2 or bound < 1:
+        raise ValueError(f"a deposit needs a floor >= 2 and a range >= 1, got floor {floor}, range {bound}")
+    out_of_range = input_problem(vector, bound=bound, length=vector.size)
+    if out_of_range:
+        raise ValueError(f"the deposit is refused: {out_of_range}")
+    terms = DepositTerms(floor=int(floor), bound=int(bound), length=int(vector.size))
     context.state[INPUT_PREFIX + session] = ArrayRecord({INPUT_KEY: wire.raw_array(vector)})
+    context.state[TERMS_PREFIX + session] = ConfigRecord(dataclasses.asdict(terms))
 
 
-def _take_input(context: Context, session: str) -> np.ndarray:
-    """The deposited input, removed from the node's state (an input is masked at most once)."""
-    key = INPUT_PREFIX + session
-    if key not in context.state:
+def deposit_terms(context: Context, session: str) -> DepositTerms | None:
+    """The terms of this node's deposit for ``session`` (None: nothing is deposited for it)."""
+    key = TERMS_PREFIX + session
+    if INPUT_PREFIX + session not in context.state or key not in context.state:
+        return None
+    record = context.state.config_records[key]
+    return DepositTerms(**{f.name: int(record[f.name]) for f in dataclasses.fields(DepositTerms)})
+
+
+def _take_input(context: Context, session: str) -> tuple[np.ndarray, DepositTerms]:
+    """The deposited input and its terms, removed from the node's state (an input is masked at most once)."""
+    terms = deposit_terms(context, session)
+    if terms is None:
         raise Refused(f"no input was deposited for session {session} on this node")
-    record = context.state.array_records[key]
-    del context.state[key]
-    return wire.array_to_numpy(INPUT_KEY, record[INPUT_KEY])
+    record = context.state.array_records[INPUT_PREFIX + session]
+    for key in (INPUT_PREFIX + session, TERMS_PREFIX + session):
+        del context.state[key]
+    return wire.array_to_numpy(INPUT_KEY, record[INPUT_KEY]), terms
 
 
 # --- session state in context.state ---------------------------------------------------------------
@@ -162,7 +183,7 @@ def _field(record: ConfigRecord, name: str) -> object:
 
 
 def _close(context: Context, session: str) -> None:
-    for key in (SESSION_PREFIX + session, INPUT_PREFIX + session):
+    for key in (SESSION_PREFIX + session, INPUT_PREFIX + session, TERMS_PREFIX + session):
         if key in context.state:
             del context.state[key]
 
@@ -200,8 +221,12 @@ def _advertise_problem(request: AdvertiseKeys, context: Context) -> str:
     if SESSION_PREFIX + request.session in context.state:
         return f"session {request.session} is already open on this node (a session is run once)"
     reasons = parameter_problems(**_parameters(request))
-    policy, broken = node_policy(context)
     floor = fewest_inputs(request.threshold, request.min_inputs)
+    terms = deposit_terms(context, request.session)
+    if terms is None:
+        return f"no input was deposited for session {request.session} on this node"
+    reasons += terms.problems(floor=floor, bound=request.bound, length=request.length)
+    policy, broken = node_policy(context)
     own = [broken] if broken else policy.secagg_violations(cohort=request.cohort, threshold=floor)
     if own:
         reasons.append("; ".join(own) + f" [{policy.source}]")
@@ -276,8 +301,8 @@ def handle_mask(message: Message, context: Context) -> Message:
     request = wire.decode(MaskInput, message.content)
     try:
         state = _load(context, request.session, after="share")
-        vector = _take_input(context, request.session)
-        problem = input_problem(vector, bound=state.bound, length=state.length)
+        vector, terms = _take_input(context, request.session)
+        problem = input_problem(vector, bound=min(state.bound, terms.bound), length=state.length)
         if problem:
             raise Refused(f"node refuses to mask its input: {problem}")
         senders = _receive_shares(request, state, own=context.node_id)

@@ -19,6 +19,7 @@ import re
 import secrets
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives import serialization
@@ -216,8 +217,36 @@ def decode_signed(residues: np.ndarray, bits: int) -> np.ndarray:
     return values.astype(np.int64) - np.where(values >= half, np.int64(1 << bits), np.int64(0))
 
 
+@dataclass(frozen=True)
+class DepositTerms:
+    """What a deposit's noise share was calibrated for, kept on the node with the deposit: a sum it
+    joins must reveal at least ``floor`` inputs (the survivors whose shares carry the charged noise),
+    sum integers in ±``bound`` (what the modulus and the server's range check are sized for) and
+    ``length`` coordinates. A server declaring anything else is refused before keys are made."""
+
+    floor: int
+    bound: int
+    length: int
+
+    def problems(self, *, floor: int, bound: int, length: int) -> list[str]:
+        """Why a sum declared with these parameters is not the one this deposit was made for."""
+        out = []
+        if floor < self.floor:
+            out.append(
+                f"a revealed sum of {floor} inputs is below the {self.floor} survivors this node's noise share "
+                "was calibrated for"
+            )
+        if bound != self.bound:
+            out.append(f"the declared range ±{bound} is not the range ±{self.bound} of this node's deposit")
+        if length != self.length:
+            out.append(f"a sum of {length} coordinates, but this node deposited {self.length}")
+        return out
+
+
 def input_problem(vector: np.ndarray, *, bound: int, length: int) -> str:
-    """Why a node's own input cannot be masked (""): not ``length`` integers in [-bound, bound]."""
+    """Why a node's own input cannot be masked (""): not ``length`` integers in [-bound, bound]. The
+    sentence names how many coordinates are out of range, never their values (the input is noisy
+    but private: a refusal travels to the server)."""
     vector = np.asarray(vector)
     if vector.shape != (length,):
         return f"the input has shape {vector.shape}, the sum is of {length} coordinates"
@@ -227,11 +256,7 @@ def input_problem(vector: np.ndarray, *, bound: int, length: int) -> str:
     low = wide < -bound if vector.dtype.kind == "i" else np.zeros(vector.shape, bool)
     outside = np.flatnonzero(low | (wide > bound))
     if len(outside):
-        i = int(outside[0])
-        return (
-            f"{len(outside)} coordinate(s) outside the declared range ±{bound} "
-            f"(coordinate {i} is {int(vector[i])}); refused before masking"
-        )
+        return f"{len(outside)} coordinate(s) outside the range ±{bound}; refused before masking"
     return ""
 
 

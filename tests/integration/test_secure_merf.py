@@ -128,7 +128,7 @@ def test_the_noise_of_a_revealed_sum_has_the_calibrated_variance() -> None:
         nodes = transport.node_ids(5)
         for i, node in enumerate(nodes):
             vector = client_vector(np.zeros(plan.dim), plan, -1, i, 0)
-            deposit_input(transport.contexts[node], session, vector)
+            deposit_input(transport.contexts[node], session, vector, floor=4, bound=coordinate_range(plan))
         result = secure_sum(
             transport, nodes, bound=coordinate_range(plan), length=plan.dim, threshold=4, session=session
         )

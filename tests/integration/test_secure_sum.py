@@ -39,9 +39,9 @@ def cohort(size: int, app=client_app, **kwargs) -> tuple[InProcessTransport, lis
     return transport, transport.node_ids(size)
 
 
-def deposit(transport: InProcessTransport, session: str, vectors: dict[int, np.ndarray]) -> None:
+def deposit(transport: InProcessTransport, session: str, vectors: dict[int, np.ndarray], floor: int = 2) -> None:
     for node, vector in vectors.items():
-        deposit_input(transport.contexts[node], session, vector)
+        deposit_input(transport.contexts[node], session, vector, floor=floor, bound=BOUND)
 
 
 def inputs(nodes: list[int], length: int, seed: int = 0) -> dict[int, np.ndarray]:
@@ -52,7 +52,7 @@ def inputs(nodes: list[int], length: int, seed: int = 0) -> dict[int, np.ndarray
 
 
 def run(transport, nodes, vectors, *, threshold: int, session: str = "s1", **kwargs) -> SecureSumResult:
-    deposit(transport, session, vectors)
+    deposit(transport, session, vectors, floor=max(2, kwargs.get("min_inputs", 0)))
     length = len(next(iter(vectors.values())))
     return secure_sum(transport, nodes, bound=BOUND, length=length, threshold=threshold, session=session, **kwargs)
 
@@ -168,16 +168,49 @@ def test_a_sparse_graph_recovers_dropouts_after_sharing_exactly() -> None:
     np.testing.assert_array_equal(result.sum, plain_sum(vectors, [n for n in nodes if n not in crashed]))
 
 
-def test_an_out_of_range_input_is_refused_by_its_own_node() -> None:
+def test_an_out_of_range_input_is_refused_by_its_own_node_without_quoting_it() -> None:
+    """Refused when deposited; and if it got into the node's state anyway, refused again before
+    masking. Neither refusal quotes a value: the input is noisy but private (audit 4, item 4)."""
     transport, nodes = cohort(4)
     vectors = inputs(nodes, 10)
-    vectors[nodes[2]][5] = BOUND + 1
-    result = run(transport, nodes, vectors, threshold=3)
+    vectors[nodes[2]][5] = BOUND + 30041
+    with pytest.raises(ValueError, match=r"1 coordinate\(s\) outside the range ±1000") as refused:
+        deposit_input(transport.contexts[nodes[2]], "s1", vectors[nodes[2]], floor=2, bound=BOUND)
+    assert "31041" not in str(refused.value)
+    honest = {n: v for n, v in vectors.items() if n != nodes[2]}
+    deposit(transport, "s1", honest)
+    deposit_input(transport.contexts[nodes[2]], "s1", np.zeros(10, np.int64), floor=2, bound=BOUND)
+    record = transport.contexts[nodes[2]].state.array_records["secagg-input.s1"]
+    record["x"] = wire.raw_array(vectors[nodes[2]])  # a state written behind the deposit's check
+    result = secure_sum(transport, nodes, bound=BOUND, length=10, threshold=3, session="s1")
     assert list(result.dropouts) == [nodes[2]]
     assert "mask: node refuses to mask its input" in result.dropouts[nodes[2]]
-    assert f"coordinate 5 is {BOUND + 1}" in result.dropouts[nodes[2]]
-    others = [n for n in nodes if n != nodes[2]]
-    np.testing.assert_array_equal(result.sum, plain_sum(vectors, others))
+    assert "31041" not in result.dropouts[nodes[2]]
+    np.testing.assert_array_equal(result.sum, plain_sum(vectors, list(honest)))
+
+
+@pytest.mark.parametrize(
+    ("declared", "why"),
+    [
+        ({"threshold": 3}, "below the 4 survivors this node's noise share was calibrated for"),
+        ({"bound": 2 * BOUND}, "is not the range ±1000 of this node's deposit"),
+        ({"length": 9}, "this node deposited 10"),
+    ],
+)
+def test_a_node_refuses_a_sum_other_than_the_one_its_share_was_calibrated_for(declared, why) -> None:
+    """Audit 4, item 2: shares calibrated for t survivors; a server declaring a lower floor (within
+    every node's default policy) revealed a sum of fewer inputs, whose ε is above the printed one.
+    The deposit keeps its plan's floor, range and length; a sum declared otherwise gets no keys."""
+    transport, nodes = cohort(5)
+    vectors = inputs(nodes, 10)
+    deposit(transport, "s1", vectors, floor=4)
+    ask = dict(bound=BOUND, length=10, threshold=4) | declared
+    result = secure_sum(transport, nodes, session="s1", **ask)
+    assert not result.revealed and set(result.dropouts) == set(nodes), result.dropouts
+    assert all(why in reason and reason.startswith("advertise") for reason in result.dropouts.values())
+    deposit(transport, "s2", vectors, floor=4)
+    honest = secure_sum(transport, nodes, session="s2", bound=BOUND, length=10, threshold=4)
+    np.testing.assert_array_equal(honest.sum, plain_sum(vectors, nodes))
 
 
 def test_a_sum_outside_the_range_is_rejected_by_the_server(monkeypatch) -> None:
@@ -191,7 +224,7 @@ def test_a_sum_outside_the_range_is_rejected_by_the_server(monkeypatch) -> None:
     vectors = {n: np.zeros(4, np.int64) for n in nodes}
     vectors[nodes[0]][2] = 5 * BOUND
     result = run(transport, nodes, vectors, threshold=2)
-    assert result.sum is None and result.dropouts == {}
+    assert result.sum is None and result.dropouts == {}, result.dropouts
     assert f"outside ±{3 * BOUND}" in result.aborted and "coordinate 2" in result.aborted
 
 
@@ -214,6 +247,8 @@ def test_a_node_refuses_what_no_honest_server_would_ask() -> None:
     out of order, a session opened twice, an input masked twice: each refused, naming why."""
     transport, nodes = cohort(10)
     bits = required_bits(10, BOUND)
+    for session in "abc":
+        deposit_input(transport.contexts[nodes[0]], session, np.zeros(3, np.int64), floor=2, bound=BOUND)
 
     def advertise(**change) -> AdvertiseReply:
         ask = dict(session="x", cohort=10, threshold=6, degree=9, bits=bits, bound=BOUND, length=3) | change

@@ -26,7 +26,7 @@ def depositing_app(message, context):
     the node's own process: the server never sees it)."""
     if message.metadata.message_type == ADVERTISE:
         session = wire.decode(AdvertiseKeys, message.content).session
-        deposit_input(context, session, vector_of(int(context.node_config["partition-id"])))
+        deposit_input(context, session, vector_of(int(context.node_config["partition-id"])), floor=2, bound=BOUND)
     return client_app(message, context)
 
 

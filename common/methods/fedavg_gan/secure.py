@@ -112,7 +112,7 @@ def secure_answer(node: ClientNode, state: ClientState, request: FedAvgRound, de
         state,
         request.session,
         client_vector(vector.numpy(), p, -1, state.client_id, request.step),
-        protocol,
-        counted,
+        p,
+        (protocol, counted),
     )
     return FedAvgReply(step=request.step, deposited=True)
