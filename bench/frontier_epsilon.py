@@ -23,7 +23,7 @@ def headline_ledgers(strategy: str, privacy: dict[str, Any]) -> tuple[list[dict]
     A method whose clients are unbounded against the server (Fed-Avg's raw deltas) headlines the
     server's own ledger; the others headline their clients' ledgers (the largest one counts).
     """
-    if method(strategy).unbounded_against_server and privacy.get("epsilon_kind") != KIND_SECURE_SUM:
+    if method(strategy).unbounded_against_server and not privacy.get("epsilon_kind", "").startswith(KIND_SECURE_SUM):
         amplified = privacy["epsilon_amplified"]
         return [amplified["ledger"]], [amplified["epsilon"]]
     queried = [c for c in privacy["clients"] if c["queries"]]

@@ -34,9 +34,9 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, 
 
 from common.secagg import (
     NODE_IDS,
-    DepositTerms,
     PUBLIC_KEY_BYTES,
     SEED_BYTES,
+    DepositTerms,
     SecAggError,
     encode_inputs,
     fewest_inputs,

@@ -144,7 +144,7 @@ class RunOptions:
     secure_aggregation: bool = option(
         False,
         "release through secure sums: the server sees only the sum of a cohort's releases, each client "
-        "adds a Skellam share of the noise that sum needs (methods that support it: dp-merf); every client "
+        "adds a Skellam share of the noise that sum needs (every method with a secure-aggregation form); every client "
         "gets two epsilons, against a server that runs the protocol and against one that deviates",
     )
     secagg_cohort: int = option(
@@ -154,6 +154,12 @@ class RunOptions:
         0,
         "secure aggregation: the fewest survivors t whose sum is revealed; the noise shares are calibrated so "
         "that t of them carry the whole noise, and fewer abort the sum (0: ceil(2c/3))",
+    )
+    secagg_colluders: int = option(
+        0,
+        "secure aggregation: clients of each sum that may collude with the server (k); the noise shares are "
+        "calibrated so that the t - k honest survivors carry the whole noise, so the headline holds against "
+        "k colluders (0: it assumes none; a colluder hands the server its own share)",
     )
     secagg_degree: int = option(
         0,
@@ -321,6 +327,7 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
         f"must be in [0, secagg_cohort={c.secagg_cohort}] (0: ceil(2c/3))",
     )
     check(c.secagg_degree >= 0, "secagg_degree", c.secagg_degree, "must be >= 0 (0: automatic)")
+    check(c.secagg_colluders >= 0, "secagg_colluders", c.secagg_colluders, "must be >= 0 (0: no colluding client)")
     check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
     check(not ray_address_problem(c.ray_address), "ray_address", c.ray_address, ray_address_problem(c.ray_address))
     check(0 <= c.ray_actor_cpus <= 4096, "ray_actor_cpus", c.ray_actor_cpus, "must be in [0, 4096] (0: automatic)")

@@ -19,6 +19,7 @@ from common.config import compose_config
 from common.messages import SHARED
 from common.options import check, option
 from common.privacy import RunTerms
+from common.privacy.secure_release import fewest_survivors
 
 from .protocol import Method
 
@@ -92,12 +93,16 @@ ExperimentConfig = compose_config(
 def run_terms(cfg: ExperimentConfig) -> RunTerms:
     """What the run's method says of the releases a node would make in it, for the node's policy."""
     run_method = method(cfg.strategy)
+    cohort = run_method.secure_cohort(cfg)
     return RunTerms(
         release_noise=run_method.release_noise(cfg),
         protocol_release_noise=run_method.protocol_release_noise(cfg),
         # through a secure sum a client's delta is clipped and noised on the node: bounded against the server
         unbounded_against_server=run_method.unbounded_against_server and not cfg.secure_aggregation,
         nonprivate_options=tuple(run_method.nonprivate_options(cfg)),
+        secagg_cohort=cohort,
+        secagg_floor=fewest_survivors(cohort, cfg.secagg_threshold) if cohort else 0,
+        secagg_colluders=cfg.secagg_colluders if cohort else 0,
     )
 
 

@@ -20,7 +20,7 @@ from common.privacy.secure_release import SecureSumPlan, release_events
 from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
 
 from .protocol import ClientNode, PriorReleases, Reply, StepOutcome, SumRequest, SumResult
-from .secure_sums import KIND_SECURE_SUM, SecureSums
+from .secure_sums import SecureSums, secure_kind, secure_rule
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
@@ -53,6 +53,10 @@ class MethodBase:
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
         """Through a secure sum, the noise multiplier of the revealed sum (0: no secure sum)."""
         return 0.0
+
+    def secure_cohort(self, cfg: ExperimentConfig) -> int:
+        """Through secure sums, the clients of the smallest sum the run plans (0: no secure sum)."""
+        return 0
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         return cfg.batch_size
@@ -108,7 +112,8 @@ class ServerBase:
         guarantee against a server that runs the protocol (``rule``), a deposit is charged as
         ``plan`` fixes (``planned``), and the figure beside the headline is the deviating server's."""
         self.secure = SecureSums(self.cfg, plan, void)
-        self.epsilon_kind, self.accounting = KIND_SECURE_SUM, rule
+        k = self.cfg.secagg_colluders
+        self.epsilon_kind, self.accounting = secure_kind(k), secure_rule(rule, k)
         self.planned = release_events(plan, void)[0]
 
     def secure_sums(self, step: int) -> list[SumRequest]:

@@ -189,9 +189,10 @@ class Method(Protocol):
     Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot
     account for releases made before its run), ``unbounded_against_server`` (False: its clients add
     their own noise), ``supports_dpac`` (False), ``check_run`` (checks only when it is the run's
-    method), ``supports_secure_aggregation`` and ``protocol_release_noise`` (False / 0: its releases
-    never go through a secure sum; else ``release_noise`` is a node's own share's and this the
-    revealed sum's), ``min_client_images`` (batch_size images per client), ``client_critic_lr``
+    method), ``supports_secure_aggregation``, ``protocol_release_noise`` and ``secure_cohort`` (False /
+    0 / 0: its releases never go through a secure sum; else ``release_noise`` is a node's own share's,
+    the second the revealed sum's, the third the clients of its smallest sum), ``min_client_images``
+    (batch_size images per client), ``client_critic_lr``
     (None: its clients keep no private discriminator), ``generator_updates`` (one per step),
     ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own ledger is
     what the node released), ``answer_many`` (one request after another), ``auditable`` and
@@ -214,6 +215,7 @@ class Method(Protocol):
 
     def release_noise(self, cfg: ExperimentConfig) -> float: ...
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float: ...
+    def secure_cohort(self, cfg: ExperimentConfig) -> int: ...
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]: ...
 

@@ -11,16 +11,23 @@ acknowledged. What it learns is each revealed sum and how many inputs it holds.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.options import check
+from common.privacy.ledger import PrivacyLedger
 from common.privacy.policy import DEFAULT_MIN_SECAGG_COHORT
 from common.privacy.records import ClientRecords
-from common.privacy.secure_release import SecureSumPlan, coordinate_range, release_events
-from common.privacy.statement import server_entry
+from common.privacy.secure_release import (
+    SecureSumPlan,
+    colluding_event,
+    coordinate_range,
+    fewest_survivors,
+    release_events,
+)
+from common.privacy.statement import fmt_epsilon, server_entry
 from common.secagg import cohort_graph, fewest_inputs
 
 from .protocol import ClientNode, StepOutcome, SumRequest, SumResult
@@ -32,11 +39,57 @@ if TYPE_CHECKING:
 
 KIND_SECURE_SUM = "per client, server runs the secure sum"
 KIND_DEVIATING = "per client, server deviates from the secure sum"
+COLLUSION = "{collusion}"  # where a method's rule names the collusion it assumes (``secure_rule``)
 RULE_DEVIATING = (
     "against a server that deviates from the protocol (or colludes with enough clients to unmask one "
-    "vector), only the client's own noise share protects it: Sk(μ/t), the Skellam mechanism on its "
+    "vector), only the client's own noise share protects it: Sk(μ/(t − k)), the Skellam mechanism on its "
     "rounded vector, composed over the client's own releases"
 )
+
+
+def collusion_assumption(colluders: int) -> str:
+    """What the headline assumes of colluding clients (``--secagg-colluders`` k), for every rule and
+    statement that prints it: a colluder knows its own share and the server subtracts it."""
+    if colluders == 0:
+        return (
+            "honest-but-curious and colluding with no client of a sum: a colluding client hands the server its own "
+            "noise share, and one colluder leaves the others only Sk((t − 1)μ/t)"
+        )
+    return (
+        f"honest-but-curious, colluding with at most {colluders} client(s) of each sum: the noise shares are "
+        f"calibrated so that the t − {colluders} honest survivors of a sum carry Sk(μ)"
+    )
+
+
+def secure_kind(colluders: int) -> str:
+    """The headline's kind through secure sums, naming the collusion it holds against."""
+    return f"{KIND_SECURE_SUM}, " + ("no colluding client" if colluders == 0 else f"≤ {colluders} colluding clients")
+
+
+def secure_rule(rule: str, colluders: int) -> str:
+    """A method's secure rule (with ``COLLUSION`` where its assumption goes) for this run's k."""
+    return rule.replace(COLLUSION, collusion_assumption(colluders))
+
+
+def collusion_sentence(plan: SecureSumPlan, ledgers: Mapping[int, PrivacyLedger], delta: float) -> str:
+    """What the run's k bought, for its privacy statement: the most exposed client's ε against one
+    colluder more than the shares were calibrated for (a sum of t whose k + 1 colluders subtract their
+    shares leaves (t − k − 1)·μ/(t − k))."""
+    k = plan.colluders
+    active = [ledger for ledger in ledgers.values() if ledger.queries]
+    if not active:
+        return ""
+    worse = [
+        PrivacyLedger([colluding_event(e, plan, k + 1) if e.noise == "skellam" else e for e in ledger.history])
+        for ledger in active
+    ]
+    beyond = max(ledger.epsilon(delta=delta) for ledger in worse)
+    calibrated = f"for t − k = {plan.honest} honest survivors of a sum of t = {plan.threshold} (k = {k})"
+    return (
+        f"Collusion: the noise shares were calibrated {calibrated}, so the per-client ε holds against a server "
+        f"colluding with up to {k} client(s) of each sum; against {k + 1} colluders the most exposed client's ε "
+        f"would be {fmt_epsilon(beyond)} (--secagg-colluders raises k, each share's noise with it)."
+    )
 
 
 class SecureSums:
@@ -147,13 +200,21 @@ def session_mismatch(cfg: ExperimentConfig, session: str) -> str:
 
 def check_cohort(c: ExperimentConfig, field: str, cohort: int) -> None:
     """A run-only check of a method whose secure sum's cohort is ``field`` (= ``cohort`` clients): at
-    least 3 (no smaller sum is an aggregate) and at least ``secagg_threshold``."""
+    least 3 (no smaller sum is an aggregate), at least ``secagg_threshold``, and fewer colluders than
+    the survivors t (the t − k honest ones carry the noise)."""
     check(cohort >= 3, field, cohort, "must be >= 3 with secure aggregation (these clients are the sum's cohort)")
     check(
         c.secagg_threshold <= cohort,
         "secagg_threshold",
         c.secagg_threshold,
         f"must be at most {field}={cohort} (those clients are the sum's cohort)",
+    )
+    t = fewest_survivors(cohort, c.secagg_threshold)
+    check(
+        c.secagg_colluders < t,
+        "secagg_colluders",
+        c.secagg_colluders,
+        f"must be below the {t} survivors of a sum (t; the t - k honest ones carry the noise)",
     )
 
 

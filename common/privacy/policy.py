@@ -19,6 +19,8 @@ are used. A node pins these itself, in its node config or a policy file on its o
     min-secagg-threshold = 2     # ... and only if its secrets need at least this many holders (the
                                  # fewest inputs a revealed sum can hold); the protocol itself also
                                  # demands a strict majority of each neighbourhood (common/secagg.py)
+    min-secagg-colluders = 0     # ... and only if the noise shares are calibrated to survive at least
+                                 # this many colluding clients of a sum (the run's --secagg-colluders)
 
 Sources, exactly one: node-config keys ``privacy-<key>`` (e.g. ``privacy-max-epsilon=50``), or a
 TOML file named by node-config ``privacy-policy``, or one named by the environment variable
@@ -65,6 +67,7 @@ class NodePolicy:
     trust_secure_sum: bool = False
     min_secagg_cohort: int = DEFAULT_MIN_SECAGG_COHORT
     min_secagg_threshold: int = DEFAULT_MIN_SECAGG_THRESHOLD
+    min_secagg_colluders: int = 0
     source: str = "default policy"
     # The node's own ledger of every release (``node_ledger.py``), attached by the node before a
     # release: its max-epsilon is checked there. None: the run's ledger stands in (a bare policy).
@@ -85,6 +88,8 @@ class NodePolicy:
         for key in ("min-secagg-cohort", "min-secagg-threshold"):
             value = getattr(self, key.replace("-", "_"))
             _require(type(value) is int and value >= 2, self, key, "must be an integer >= 2")
+        value = self.min_secagg_colluders
+        _require(type(value) is int and value >= 0, self, "min-secagg-colluders", "must be an integer >= 0")
 
     # --- what the node enforces ---------------------------------------------------------------
     def budgets(self, cfg: Any) -> list[tuple[float, float]]:
@@ -141,7 +146,19 @@ class NodePolicy:
                 f"{option} is not allowed by the node (allow-nonprivate = false)"
                 for option in nonprivate_options(cfg, terms)
             ]
+        if terms.secagg_cohort:  # refused at the hello, before anything is deposited or charged
+            out += self.secagg_violations(cohort=terms.secagg_cohort, threshold=terms.secagg_floor)
+            out += self.collusion_violations(terms.secagg_colluders)
         return out
+
+    def collusion_violations(self, colluders: int) -> list[str]:
+        """Why the node refuses shares calibrated for ``colluders`` colluding clients (its minimum)."""
+        if colluders >= self.min_secagg_colluders:
+            return []
+        return [
+            f"noise shares calibrated for {colluders} colluding client(s) of a sum are below the node's minimum "
+            f"{self.min_secagg_colluders} (min-secagg-colluders; the run's --secagg-colluders)"
+        ]
 
     def counted_noise(self, terms: RunTerms) -> float:
         """The noise multiplier of a release as this node counts it: through a secure sum, the sum's
@@ -213,6 +230,9 @@ class RunTerms:
     protocol_release_noise: float = 0.0  # through a secure sum: the revealed sum's (0: no secure sum)
     unbounded_against_server: bool = False  # its clients add no noise of their own (Fed-Avg GAN)
     nonprivate_options: tuple[str, ...] = ()  # its debugging options that void the guarantee
+    secagg_cohort: int = 0  # through secure sums: the clients of the smallest planned sum (0: none)
+    secagg_floor: int = 0  # ... the fewest inputs a revealed sum holds (t)
+    secagg_colluders: int = 0  # ... the colluding clients its noise shares are calibrated to survive (k)
 
 
 def nonprivate_options(cfg: Any, terms: RunTerms) -> list[str]:

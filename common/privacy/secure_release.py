@@ -1,14 +1,17 @@
 """A release through a secure sum: what a client sends (integers mod 2^b) and what it costs.
 
 The plan (``SecureSumPlan``) fixes, for one kind of release, everything the clients and the server
-must agree on: the vector's dimension d and clip bound C, the granularity γ = C / 2^k, the rounding
-bound and hence the sensitivities, the cohort size c and reconstruction threshold t, the aggregate
-Skellam noise μ and each client's share μ/t, and the modulus bits b. ``encode`` is the client's side
-(clip, scale, conditionally round, add its share, reduce mod 2^b), ``decode`` the server's (lift the
-revealed sum to signed integers, scale back). Every survivor set of at least t clients carries at
-least Sk(μ): the figure against a server that runs the protocol (``protocol_event``); against one
-that deviates and reads a client's own vector, only its share protects it (``own_event``). Both
-are recorded, each in its own ledger (DESIGN §8).
+must agree on: the vector's dimension d and clip bound C, the granularity γ = C / 2^14, the rounding
+bound and hence the sensitivities, the cohort size c and reconstruction threshold t, the colluding
+clients k the guarantee survives, the aggregate Skellam noise μ and each client's share μ/(t − k),
+and the modulus bits b. ``encode`` is the client's side (clip, scale, conditionally round, add its
+share, reduce mod 2^b), ``decode`` the server's (lift the revealed sum to signed integers, scale
+back). Every survivor set of at least t clients, k of them colluding with the server (who subtract
+their own shares), still carries Sk(μ) from its t − k honest members: the figure against a server
+that runs the protocol (``protocol_event``); against one that deviates and reads a client's own
+vector, only its share protects it (``own_event``). Both are recorded, each in its own ledger
+(DESIGN §8). With k = 0 the first figure assumes that no client of a sum colludes: one colluder
+leaves the others only Sk((t − 1)μ/t).
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ class SecureSumPlan:
     clip: float
     cohort: int
     threshold: int
-    mu: float  # Sk(μ) per coordinate of a sum of t shares
+    mu: float  # Sk(μ) per coordinate of the t - k honest shares of a sum of t
+    colluders: int = 0  # k: clients of a sum that may collude with the server
 
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= self.cohort:
             raise ValueError(f"the threshold must be in [1, cohort={self.cohort}], got {self.threshold}")
+        if not 0 <= self.colluders < self.threshold:
+            raise ValueError(f"the colluders must be in [0, threshold={self.threshold}), got {self.colluders}")
         if not (self.mu > 0 and self.clip > 0 and self.dim > 0):
             raise ValueError("a secure-sum plan needs mu, clip and dim > 0")
 
@@ -52,18 +58,21 @@ class SecureSumPlan:
         return rounded_norm_bound(self.clip, self.gamma, self.dim, ROUNDING_BETA)
 
     @property
+    def honest(self) -> int:
+        """t − k: the fewest honest shares in a revealed sum; they alone carry the charged Sk(μ)."""
+        return self.threshold - self.colluders
+
+    @property
     def mu_share(self) -> float:
-        return self.mu / self.threshold
+        return self.mu / self.honest
 
     @property
     def bits(self) -> int:
-        return min(
-            62, modulus_bits(clients=self.cohort, bound=self.bound, mu_total=self.mu * self.cohort / self.threshold)
-        )
+        return min(62, modulus_bits(clients=self.cohort, bound=self.bound, mu_total=self.mu_share * self.cohort))
 
     def protocol_event(self, count: int = 1) -> PrivacyEvent:
-        """What one release costs a client against a server that runs the protocol: it sees sums of
-        ≥ t clients, each carrying at least Sk(μ)."""
+        """What one release costs a client against a server that runs the protocol, colluding with at
+        most k clients: it sees sums of ≥ t clients, whose t − k honest shares carry at least Sk(μ)."""
         l1, l2 = sensitivities(self.bound, self.dim)
         return PrivacyEvent.skellam(mu=self.mu, l1=l1, l2=l2, count=count)
 
@@ -74,15 +83,23 @@ class SecureSumPlan:
 
 
 def plan_for(
-    *, dim: int, clip: float, cohort: int, threshold: int, target_epsilon: float, releases: int, delta: float
+    *,
+    dim: int,
+    clip: float,
+    cohort: int,
+    threshold: int,
+    target_epsilon: float,
+    releases: int,
+    delta: float,
+    colluders: int = 0,
 ) -> SecureSumPlan:
     """The plan whose μ is the smallest that keeps ``releases`` protocol events within the target."""
 
-    bound = SecureSumPlan(dim, clip, cohort, threshold, 1.0).bound
+    bound = SecureSumPlan(dim, clip, cohort, threshold, 1.0, colluders).bound
     _, l2 = sensitivities(bound, dim)
 
     def eps(noise_multiplier: float) -> float:  # in Gaussian-equivalent units: μ = (σ Δ₂)² / 2
-        p = SecureSumPlan(dim, clip, cohort, threshold, (noise_multiplier * l2) ** 2 / 2)
+        p = SecureSumPlan(dim, clip, cohort, threshold, (noise_multiplier * l2) ** 2 / 2, colluders)
         return PrivacyLedger([p.protocol_event(releases)]).epsilon(delta=delta)
 
     low, high = 1e-3, 1e4
@@ -91,7 +108,7 @@ def plan_for(
     while high - low > 1e-4 * high:  # the smallest noise within the target, by bisection on a log scale
         mid = math.sqrt(low * high)
         low, high = (low, mid) if eps(mid) <= target_epsilon else (mid, high)
-    return SecureSumPlan(dim, clip, cohort, threshold, (high * l2) ** 2 / 2)
+    return SecureSumPlan(dim, clip, cohort, threshold, (high * l2) ** 2 / 2, colluders)
 
 
 def encode(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.ndarray:
@@ -120,7 +137,8 @@ def decode(total: np.ndarray, plan: SecureSumPlan) -> np.ndarray:
 
 
 def noise_std(plan: SecureSumPlan, survivors: int) -> float:
-    """The std of each coordinate of a decoded sum of ``survivors`` ≥ t clients, in the vectors' units."""
+    """The std of each coordinate of a decoded sum of ``survivors`` ≥ t clients (none colluding), in the
+    vectors' units."""
     return plan.gamma * math.sqrt(2 * plan.mu_share * survivors)
 
 
@@ -131,11 +149,23 @@ def fewest_survivors(cohort: int, threshold: int) -> int:
     return threshold or math.ceil(2 * cohort / 3)
 
 
-def plan_with_multiplier(*, dim: int, clip: float, cohort: int, threshold: int, sigma: float) -> SecureSumPlan:
-    """The plan whose revealed sum carries noise multiplier ``sigma`` in the Gaussian's units:
-    μ = (σ·Δ₂)²/2, so the Skellam's std is σ times its ℓ₂ sensitivity, as the Gaussian's would be."""
+def plan_with_multiplier(
+    *, dim: int, clip: float, cohort: int, threshold: int, sigma: float, colluders: int = 0
+) -> SecureSumPlan:
+    """The plan whose revealed sum carries noise multiplier ``sigma`` in the Gaussian's units, from its
+    t − k honest shares: μ = (σ·Δ₂)²/2, so the Skellam's std is σ times its ℓ₂ sensitivity, as the
+    Gaussian's would be."""
     _, l2 = sensitivities(SecureSumPlan(dim, clip, cohort, threshold, 1.0).bound, dim)
-    return SecureSumPlan(dim, clip, cohort, threshold, max((sigma * l2) ** 2 / 2, 1e-9))
+    return SecureSumPlan(dim, clip, cohort, threshold, max((sigma * l2) ** 2 / 2, 1e-9), colluders)
+
+
+def colluding_event(event: PrivacyEvent, plan: SecureSumPlan, colluders: int) -> PrivacyEvent:
+    """``event`` (a protocol event of ``plan``) as it stands against a server colluding with
+    ``colluders`` clients of a sum of t: they subtract their shares, leaving (t − colluders)·μ/(t − k).
+    What a statement prints beside the headline to say what the run's k bought."""
+    honest = max(plan.threshold - colluders, 0)
+    mu = event.skellam_mu * honest / plan.honest
+    return PrivacyEvent.skellam(mu=max(mu, 1e-12), l1=event.l1, l2=event.l2, count=event.count, void=event.void)
 
 
 def coordinate_range(plan: SecureSumPlan) -> int:

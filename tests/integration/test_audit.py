@@ -91,7 +91,12 @@ def test_gswgan_canaries_answer_through_the_clients_own_sanitizer_and_wire(grad_
 def test_a_secure_aggregation_run_is_not_audited_with_the_wrong_mechanism():
     secure = prepare(
         ExperimentConfig(
-            strategy="dp-merf", model="tiny", merf_features=10, target_epsilon=10.0, secure_aggregation=True
+            strategy="dp-merf",
+            model="tiny",
+            merf_features=10,
+            target_epsilon=10.0,
+            secure_aggregation=True,
+            secagg_cohort=5,
         )
     )
     with pytest.raises(ValueError, match="does not cover releases through secure sums"):

@@ -49,7 +49,7 @@ def test_a_round_sums_its_deltas_and_no_delta_leaves_a_node(tmp_path) -> None:
     for client in (c for c in privacy["clients"] if c["queries"]):
         expected = PrivacyLedger([plan.protocol_event(client["queries"])]).epsilon(delta=cfg.delta)
         assert client["epsilon"] == pytest.approx(expected, rel=1e-6)
-    assert privacy["epsilon_kind"] == "per client, server runs the secure sum"
+    assert privacy["epsilon_kind"] == "per client, server runs the secure sum, no colluding client"
     assert privacy["epsilon_amplified"]["kind"] == "per client, server deviates from the secure sum"
     sums = summary["method"]["fedavg-gan"]["secure_aggregation"]["sums"]
     assert [s["inputs"] for s in sums] == [3, 3, 3]

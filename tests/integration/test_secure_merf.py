@@ -6,6 +6,7 @@ policy names, and the noise of a revealed sum has the calibrated variance."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def test_no_summary_leaves_a_node_and_both_guarantees_come_from_ledgers(tmp_path
     beside = privacy["epsilon_amplified"]
     assert beside["kind"] == "per client, server deviates from the secure sum"
     assert beside["epsilon"] == pytest.approx(own, rel=1e-6) and own > 1.5 * protocol  # σ/√3 against σ
-    assert privacy["epsilon_kind"] == "per client, server runs the secure sum"
+    assert privacy["epsilon_kind"] == "per client, server runs the secure sum, no colluding client"
     assert "Secure aggregation" in privacy["statement"]
     sums = summary["method"]["dp-merf"]["secure_aggregation"]["sums"]
     assert sorted(s["inputs"] for s in sums) == [4, 4] and not any(s["aborted"] for s in sums)
@@ -120,7 +121,15 @@ def test_a_node_minimum_noise_counts_its_own_share_unless_it_trusts_the_protocol
 def test_the_noise_of_a_revealed_sum_has_the_calibrated_variance() -> None:
     """Zero summaries, so each coordinate of the revealed sum is pure noise: the sum of n Sk(μ/t)
     shares, variance 2nμ/t. Measured over 2 sums of 5 nodes × 4,000 coordinates (40,000 draws)."""
-    cfg = tiny_cfg("", **MERF, secure_aggregation=True, secagg_cohort=5, secagg_threshold=4, merf_noise_multiplier=0.5)
+    cfg = tiny_cfg(
+        "",
+        **MERF,
+        num_clients=5,
+        secure_aggregation=True,
+        secagg_cohort=5,
+        secagg_threshold=4,
+        merf_noise_multiplier=0.5,
+    )
     plan = secure.plan(cfg, RANDOM_FOURIER)
     draws = []
     for session in ("v1", "v2"):
@@ -147,3 +156,41 @@ def test_secure_dp_merf_runs_under_flowers_simulation(tmp_path) -> None:
     assert summary["status"] == "completed" and [c["queries"] for c in summary["clients"]] == [1] * 6
     sums = summary["method"]["dp-merf"]["secure_aggregation"]["sums"]
     assert sorted(s["inputs"] for s in sums) == [3, 3]
+
+
+def test_what_no_sum_could_satisfy_is_refused_before_anything_is_charged(tmp_path) -> None:
+    """Audit 4, item 12: a cohort larger than the federation, and a node policy whose minimum cohort,
+    threshold or colluders the run's sums cannot meet, were refused only at the first secure round,
+    after every node had spent its one release. Now: at configuration time, and at the hello."""
+    from common.options import ConfigError
+
+    with pytest.raises(ConfigError, match=r"secagg_cohort=50: must be at most the 4 clients taking part"):
+        secure_cfg(tmp_path / "big", num_clients=4, secagg_cohort=50)
+    for key, value, why in (
+        ("privacy-min-secagg-cohort", "10", "below the node's minimum cohort 10"),
+        ("privacy-min-secagg-threshold", "4", "below the node's minimum threshold 4"),
+        ("privacy-min-secagg-colluders", "1", "calibrated for 0 colluding client(s) of a sum are below"),
+    ):
+        cfg = secure_cfg(tmp_path / key)
+        with pytest.raises(NodeRefused, match=re.escape(why)):
+            run_inprocess(cfg, node_config={key: value})
+        nodes = tmp_path / f"{key}-nodes"
+        assert not list(nodes.glob("node-ledger-*.json")), key  # nothing was charged
+
+
+def test_colluders_are_named_in_the_headline_and_calibrated_for(tmp_path) -> None:
+    """--secagg-colluders 1 satisfies a node asking for it; the headline's kind and the statement name
+    the collusion the figure holds against, and what one colluder more would cost."""
+    cfg = secure_cfg(tmp_path / "run", secagg_colluders=1)
+    _, summary = run_inprocess(cfg, node_config={"privacy-min-secagg-colluders": "1"})
+    assert summary["status"] == "completed"
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert privacy["epsilon_kind"] == "per client, server runs the secure sum, ≤ 1 colluding clients"
+    statement = privacy["statement"]
+    assert "colluding with at most 1 client(s) of each sum" in statement
+    assert "t − k = 2 honest survivors of a sum of t = 3 (k = 1)" in statement
+    assert "against 2 colluders the most exposed client's ε would be" in statement
+    plain = secure_cfg(tmp_path / "plain")
+    run_inprocess(plain)
+    plain_statement = json.loads((tmp_path / "plain" / "privacy.json").read_text())["statement"]
+    assert "colluding with no client of a sum" in plain_statement

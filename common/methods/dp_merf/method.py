@@ -58,6 +58,10 @@ class DpMerf(MethodBase):
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
         return cfg.merf_noise_multiplier if cfg.secure_aggregation else 0.0
 
+    def secure_cohort(self, cfg: ExperimentConfig) -> int:
+        """Cohorts of c to 2c - 1 (``--secagg-cohort``)."""
+        return cfg.secagg_cohort if cfg.secure_aggregation else 0
+
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 

@@ -13,6 +13,7 @@ from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.secure_release import release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence
 
+from ..secure_sums import collusion_sentence, secure_rule
 from . import secure
 from .secure import fewest_survivors
 
@@ -29,8 +30,7 @@ RULE_DP_MERF = (
 )
 
 RULE_DP_MERF_SECURE = (
-    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
-    "neighbourhood's secret-sharing threshold): each client deposits its labelled mean embedding once, "
+    "per-client, server runs the secure sum ({collusion}): each client deposits its labelled mean embedding once, "
     "clipped to S, scaled to integers and conditionally rounded to a fixed norm, plus a Skellam share; "
     "the server sees only sums of at least t clients, which carry Sk(μ) with μ = (σΔ₂)²/2: one Skellam "
     "mechanism per release (Agarwal, Kairouz & Liu 2021, replace-one sensitivities of the rounded vector), "
@@ -40,9 +40,9 @@ RULE_DP_MERF_SECURE = (
 
 def release_noise(cfg: ExperimentConfig) -> float:
     """σ of the release a client makes (what a node's minimum noise is checked against); through a
-    secure sum, its own share's: σ/√t (the sum of t shares carries σ)."""
+    secure sum, its own share's: σ/√(t − k) (the t − k honest shares of a sum carry σ)."""
     if cfg.secure_aggregation:
-        return cfg.merf_noise_multiplier / math.sqrt(fewest_survivors(cfg))
+        return cfg.merf_noise_multiplier / math.sqrt(fewest_survivors(cfg) - cfg.secagg_colluders)
     return cfg.merf_noise_multiplier
 
 
@@ -108,16 +108,18 @@ def statement(
         f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "
         "post-processing, no further privacy cost."
     )
-    rule = RULE_DP_MERF
+    rule, collusion = RULE_DP_MERF, ""
     if cfg.secure_aggregation:
-        t = fewest_survivors(cfg)
+        t, k = fewest_survivors(cfg), cfg.secagg_colluders
         intro += (
             f" Secure aggregation: the summaries were never sent; each client deposited its summary with a "
-            f"Skellam share of the noise (Sk(μ/{t}) per coordinate), and the server saw only SecAgg+ sums over "
+            f"Skellam share of the noise (Sk(μ/{t - k}) per coordinate), and the server saw only SecAgg+ sums over "
             f"cohorts of about {cfg.secagg_cohort} clients, each revealed only if at least {t} inputs were in it. "
             "The per-client ε below holds against a server that runs that protocol; against one that deviates, "
             "only the client's own share protects it (the figure beside it in the report)."
         )
-        rule = RULE_DP_MERF_SECURE
+        rule = secure_rule(RULE_DP_MERF_SECURE, k)
+        collusion = collusion_sentence(secure.plan(cfg, family), ledgers, cfg.delta)
     per_client, worst = per_client_sentence(ledgers, delta=cfg.delta, accountant=cfg.accountant, what="noisy summaries")
-    return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {rule}."], worst)
+    parts = [intro, per_client, f"Rule: {rule}."] + ([collusion] if collusion else [])
+    return assemble(list(ledgers.values()), parts, worst)

@@ -38,5 +38,7 @@ def plan(cfg: ExperimentConfig, family: FeatureFamily, *, noise_multiplier: floa
     survivors t, and the sum's noise multiplier the run's σ (or ``noise_multiplier``)."""
     sigma = cfg.merf_noise_multiplier if noise_multiplier is None else noise_multiplier
     dim = num_classes_for(cfg) * family.row_dim(cfg)
-    t = fewest_survivors(cfg)
-    return plan_with_multiplier(dim=dim, clip=cfg.merf_clip, cohort=cfg.secagg_cohort, threshold=t, sigma=sigma)
+    t, k = fewest_survivors(cfg), cfg.secagg_colluders
+    return plan_with_multiplier(
+        dim=dim, clip=cfg.merf_clip, cohort=cfg.secagg_cohort, threshold=t, sigma=sigma, colluders=k
+    )

@@ -40,11 +40,15 @@ class FedAvgGan(MethodBase):
 
     def release_noise(self, cfg: ExperimentConfig) -> float:
         if cfg.secure_aggregation:  # the node's own share: z/√t
-            return cfg.fedavg_noise_multiplier / math.sqrt(secure.fewest_survivors(cfg))
+            return cfg.fedavg_noise_multiplier / math.sqrt(secure.fewest_survivors(cfg) - cfg.secagg_colluders)
         return privacy.release_noise(cfg)
 
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
         return cfg.fedavg_noise_multiplier if cfg.secure_aggregation else 0.0
+
+    def secure_cohort(self, cfg: ExperimentConfig) -> int:
+        """A round's m clients."""
+        return cfg.fedavg_clients_per_round if cfg.secure_aggregation else 0
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)

@@ -18,6 +18,8 @@ from common.privacy.statement import (
     server_sentence,
 )
 
+from ..secure_sums import collusion_sentence, secure_rule
+
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -30,8 +32,7 @@ RULE_FEDAVG_USER = (
     "rounds that ran"
 )
 RULE_FEDAVG_SECURE = (
-    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
-    "neighbourhood's secret-sharing threshold): each round m clients are drawn uniformly, each clips its "
+    "per-client, server runs the secure sum ({collusion}): each round m clients are drawn uniformly, each clips its "
     "discriminator delta to S on its node and deposits it, rounded to a fixed norm, with a Skellam share; "
     "the server sees only the sum of at least t deltas, which carries Sk(μ), noise multiplier z in the "
     "Gaussian's units (Agarwal, Kairouz & Liu 2021): one Skellam mechanism per round a client takes part "
@@ -74,7 +75,11 @@ def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], serve
             "own share protects it (the figure beside it in the report)."
         )
         per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="deltas deposited")
-        return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {RULE_FEDAVG_SECURE}."], worst)
+        from . import secure  # noqa: PLC0415 - the secure form builds on this module's neighbours
+
+        rule = secure_rule(RULE_FEDAVG_SECURE, cfg.secagg_colluders)
+        collusion = collusion_sentence(secure.plan(cfg), ledgers, delta)
+        return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {rule}.", collusion], worst)
     intro = (
         f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
         f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm "

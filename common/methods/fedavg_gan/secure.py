@@ -78,7 +78,12 @@ def plan(cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> Sec
     z = cfg.fedavg_noise_multiplier if noise_multiplier is None else noise_multiplier
     dim = sum(math.prod(shape) for _, shape in shapes(cfg))
     return plan_with_multiplier(
-        dim=dim, clip=cfg.fedavg_clip, cohort=cfg.fedavg_clients_per_round, threshold=fewest_survivors(cfg), sigma=z
+        dim=dim,
+        clip=cfg.fedavg_clip,
+        cohort=cfg.fedavg_clients_per_round,
+        threshold=fewest_survivors(cfg),
+        sigma=z,
+        colluders=cfg.secagg_colluders,
     )
 
 

@@ -48,6 +48,10 @@ class GsWgan(MethodBase):
     def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.planned_event(cfg, cfg.batch_size).noise_multiplier if cfg.secure_aggregation else 0.0
 
+    def secure_cohort(self, cfg: ExperimentConfig) -> int:
+        """A step's m clients."""
+        return cfg.clients_per_step if cfg.secure_aggregation else 0
+
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 

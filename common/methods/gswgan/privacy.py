@@ -21,6 +21,8 @@ from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.secure_release import fewest_survivors, release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
 
+from ..secure_sums import collusion_sentence, secure_rule
+
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -30,8 +32,7 @@ RULE_PER_CLIENT = (
     "client's own queries without amplification"
 )
 RULE_PER_CLIENT_SECURE = (
-    "per-client, server runs the secure sum (honest-but-curious, colluding with fewer clients than a "
-    "neighbourhood's secret-sharing threshold): each answered query is one Skellam mechanism on the sum of "
+    "per-client, server runs the secure sum ({collusion}): each answered query is one Skellam mechanism on the sum of "
     "the step's answers (Agarwal, Kairouz & Liu 2021; replace-one sensitivities of the client's rounded "
     "answer, norm ≤ C√B before rounding), noise multiplier σ/√B in the Gaussian's units, composed over the "
     "client's own queries without amplification"
@@ -51,10 +52,10 @@ HONEST_TAIL = 8.0
 def release_noise(cfg: ExperimentConfig) -> float:
     """The noise multiplier of each answer as the mechanism runs, σ/√B (what a node's minimum noise
     is checked against: the server picks B, so σ alone would not bound it); through a secure sum, the
-    node's own share's, σ/√(B·t)."""
+    node's own share's, σ/√(B·(t − k))."""
     nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
     if cfg.secure_aggregation:
-        return nm / math.sqrt(secure_survivors(cfg))
+        return nm / math.sqrt(secure_survivors(cfg) - cfg.secagg_colluders)
     return nm
 
 
@@ -178,17 +179,20 @@ def statement(
     delta, accountant = cfg.delta, cfg.accountant
     per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
     if cfg.secure_aggregation:
-        t = secure_survivors(cfg)
+        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
+
+        t, k = secure_survivors(cfg), cfg.secagg_colluders
         secure = (
             f"Secure aggregation: the {cfg.clients_per_step} clients of a step answered the same fake batch and "
             f"never sent their answers: each deposited its clipped gradients, scaled to integers and rounded to a "
-            f"fixed norm, with a Skellam share of the noise (Sk(μ/{t})), and the server saw only the SecAgg+ sum of "
-            f"at least {t} answers, which carries Sk(μ), noise multiplier σ/√B. The per-client ε below holds "
+            f"fixed norm, with a Skellam share of the noise (Sk(μ/{t - k})), and the server saw only the SecAgg+ sum "
+            f"of at least {t} answers, which carries Sk(μ), noise multiplier σ/√B. The per-client ε below holds "
             "against a server that runs that protocol; against one that deviates only a client's own share protects "
             "it (the figure beside it in the report). No amplification by sampling is claimed."
         )
-        parts = [*_released_sentences(cfg), secure, per_client, f"Rule: {RULE_PER_CLIENT_SECURE}."]
-        parts += [prior] if prior else []
+        rule = secure_rule(RULE_PER_CLIENT_SECURE, k)
+        parts = [*_released_sentences(cfg), secure, per_client, f"Rule: {rule}."]
+        parts += [collusion_sentence(plan(cfg), ledgers, delta)] + ([prior] if prior else [])
         return assemble(list(ledgers.values()), parts, worst)
     amplified = _amplified_sentence(server, worst, delta=delta, accountant=accountant)
     parts = [*_released_sentences(cfg), per_client, f"Rule: {RULE_PER_CLIENT}."]

@@ -64,6 +64,7 @@ def plan(cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> Sec
         cohort=cfg.clients_per_step,
         threshold=fewest_survivors(cfg),
         sigma=nm,
+        colluders=cfg.secagg_colluders,
     )
 
 

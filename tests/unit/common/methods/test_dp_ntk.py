@@ -63,7 +63,7 @@ def test_the_map_is_public_and_seeded():
 
 
 def test_the_secure_plan_takes_the_family_size():
-    c = cfg(ntk_width=5, ntk_dct=4, secure_aggregation=True, merf_noise_multiplier=1.0)
+    c = cfg(ntk_width=5, ntk_dct=4, secure_aggregation=True, merf_noise_multiplier=1.0, secagg_cohort=3)
     assert secure.plan(c, TANGENT).dim == 10 * (5 * 17 + 1)
 
 
