@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from common.methods import ExperimentConfig
+from common.methods.secure_sums import KIND_SECURE_SUM, secure_basis
 from common.tensor_files import save_tensors
 
 from .reporting import RunDirectory, atomic_write_json
@@ -68,6 +69,8 @@ def per_client_epsilon(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[st
             "basis": "unbounded against the server, whatever the sampling: "
             + "; ".join(report.get("not_private") or ["its releases carry no noise of the client's own"]),
         }
+    if report["epsilon_kind"].startswith(KIND_SECURE_SUM):  # beside it: the deviating server's, not amplified
+        return {"epsilon": report["epsilon_max"], "basis": secure_basis(cfg.secagg_colluders)}
     sampled = report["epsilon_amplified"].get("epsilon") is not None
     if not sampled:
         return {

@@ -66,6 +66,18 @@ def secure_kind(colluders: int) -> str:
     return f"{KIND_SECURE_SUM}, " + ("no colluding client" if colluders == 0 else f"≤ {colluders} colluding clients")
 
 
+def secure_basis(colluders: int) -> str:
+    """release.json's basis of a secure run's per-client ε: what it assumes of the server and of
+    colluding clients, and where the figure against a deviating server is."""
+    who = "no client of a sum" if colluders == 0 else f"at most {colluders} client(s) of each sum"
+    return (
+        "every client's ledger, maximum over clients, assuming the server ran the secure sum (SecAgg+) as "
+        f"specified and colluded with {who}: a colluding client hands it its own noise share, which lowers what "
+        "protects the others; no client sampling is relied on. Against a server that deviates from the protocol "
+        "only a client's own noise share protects it: epsilon_amplified holds that figure"
+    )
+
+
 def secure_rule(rule: str, colluders: int) -> str:
     """A method's secure rule (with ``COLLUSION`` where its assumption goes) for this run's k."""
     return rule.replace(COLLUSION, collusion_assumption(colluders))

@@ -22,7 +22,7 @@ import numpy as np
 
 from .analysis import ORDERS, check_delta, epsilon_from_rdp, prv_epsilon_with_reason, unit_rdp
 from .events import PrivacyEvent
-from .skellam import skellam_rdp
+from .skellam import DELTA_PER_RELEASE, skellam_rdp
 
 ACCOUNTANTS = ("rdp", "prv")
 LEDGER_FORMAT = "fedgan.privacy_ledger/3"
@@ -65,8 +65,13 @@ def _curve(history: Iterable[PrivacyEvent]) -> np.ndarray:
 def history_epsilon(history: tuple[PrivacyEvent, ...], delta: float) -> tuple[float, float]:
     """(ε, best order) of a history, RDP, void marks ignored; shared by every ledger holding the same
     history. A federation's clients mostly hold identical ones (DP-MERF: one release each): at
-    K = 10^5 the first report computed the same ε 10^5 times, 57 s."""
-    return epsilon_from_rdp(_curve(history), delta=delta)
+    K = 10^5 the first report computed the same ε 10^5 times, 57 s. Each Skellam release first spends
+    ``DELTA_PER_RELEASE`` of δ (its node's range check, ``skellam.py``)."""
+    check_delta(delta)
+    spent = DELTA_PER_RELEASE * sum(e.count for e in history if e.noise == "skellam")
+    if spent >= delta:
+        return math.inf, math.nan
+    return epsilon_from_rdp(_curve(history), delta=delta - spent)
 
 
 class PrivacyLedger:

@@ -24,11 +24,20 @@ import numpy as np
 
 from .events import PrivacyEvent
 from .ledger import PrivacyLedger
-from .skellam import conditional_round, modulus_bits, rounded_norm_bound, sensitivities, skellam_share, skellam_tail
+from .skellam import (
+    MAX_RELEASE_DIM,
+    RELEASE_TAIL,
+    conditional_round,
+    modulus_bits,
+    rounded_norm_bound,
+    sensitivities,
+    skellam_share,
+    skellam_tail,
+)
 
 GRANULARITY_BITS = 14  # C / γ = 2^14: the rounding adds ~√d/2 to a norm of 16,384 (0.3% at d = 10⁴)
 ROUNDING_BETA = 1e-9  # the chance a rounding draw must be redrawn, in the norm bound
-RANGE_TAIL = 1e-15  # an honest coordinate leaves its declared range with at most this probability
+RANGE_TAIL = RELEASE_TAIL  # an honest coordinate leaves its declared range with at most this probability
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,8 @@ class SecureSumPlan:
             raise ValueError(f"the threshold must be in [1, cohort={self.cohort}], got {self.threshold}")
         if not 0 <= self.colluders < self.threshold:
             raise ValueError(f"the colluders must be in [0, threshold={self.threshold}), got {self.colluders}")
-        if not (self.mu > 0 and self.clip > 0 and self.dim > 0):
-            raise ValueError("a secure-sum plan needs mu, clip and dim > 0")
+        if not (self.mu > 0 and self.clip > 0 and 0 < self.dim <= MAX_RELEASE_DIM):
+            raise ValueError(f"a secure-sum plan needs mu, clip > 0 and dim in [1, {MAX_RELEASE_DIM}]")
 
     @property
     def gamma(self) -> float:
@@ -118,10 +127,13 @@ def encode(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.n
 
 def encode_signed(x: np.ndarray, plan: SecureSumPlan, rng: np.random.Generator) -> np.ndarray:
     """``x`` clipped to C, scaled by 1/γ, conditionally rounded to norm ≤ ``plan.bound``, plus its
-    Sk(μ/t) share: signed int64 (what a node deposits; the secure sum reduces it mod 2^b)."""
+    Sk(μ/(t − k)) share: signed int64 (what a node deposits; the secure sum reduces it mod 2^b).
+    A non-finite coordinate (a diverged local step) is zeroed first: the release stays within its
+    clip bound and the client answers instead of failing."""
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     if x.shape[0] != plan.dim:
         raise ValueError(f"a vector of {x.shape[0]} coordinates for a plan of {plan.dim}")
+    x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     norm = float(np.linalg.norm(x))
     clipped = x * min(1.0, plan.clip / norm) if norm > 0 else x
     rounded = conditional_round(clipped / plan.gamma, plan.bound, rng)

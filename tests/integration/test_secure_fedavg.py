@@ -79,3 +79,30 @@ def test_a_target_epsilon_run_lasts_every_round_and_spends_each_clients_share(tm
     assert summary["status"] == "completed" and summary["steps_completed"] == 8
     assert [c["queries"] for c in summary["clients"]] == [4] * 6
     assert all(c["epsilon"] <= 20.0 + 1e-6 for c in summary["clients"])
+
+
+def test_a_non_finite_delta_is_zeroed_on_the_node_and_the_round_goes_on(tmp_path, monkeypatch) -> None:
+    """Audit 4, item 7: a diverged local step (NaN and inf in the delta) made the client fail; the
+    README says it is zeroed on the client. Now every coordinate that is not finite is zeroed before
+    clipping and rounding, the client deposits, and the sums reveal finite deltas."""
+    import torch
+
+    real = secure.flatten
+
+    def diverged(delta, cfg):
+        vector = real(delta, cfg)
+        vector[::7] = float("nan")
+        vector[1::7] = float("inf")
+        return vector
+
+    monkeypatch.setattr(secure, "flatten", diverged)
+    cfg = secure_cfg(tmp_path / "run")
+    transport = InProcessTransport(client_app, cfg.num_clients, node_state=tmp_path / "nodes")
+    summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
+    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    assert not any(c["status"] == "failed" for c in summary["clients"])
+    sums = summary["method"]["fedavg-gan"]["secure_aggregation"]["sums"]
+    assert [s["inputs"] for s in sums] == [3, 3, 3] and not any(s["aborted"] for s in sums)
+    state = RunDirectory.open_existing(cfg.out)[0].load_checkpoint()["strategy"]
+    weights = [v for v in state["discriminator"].values() if torch.is_tensor(v)]
+    assert weights and all(bool(torch.isfinite(w).all()) for w in weights)

@@ -194,3 +194,10 @@ def test_colluders_are_named_in_the_headline_and_calibrated_for(tmp_path) -> Non
     run_inprocess(plain)
     plain_statement = json.loads((tmp_path / "plain" / "privacy.json").read_text())["statement"]
     assert "colluding with no client of a sum" in plain_statement
+    for out, who in (("run", "at most 1 client(s) of each sum"), ("plain", "no client of a sum")):
+        release = json.loads((tmp_path / out / "publish" / "release.json").read_text())
+        basis = release["epsilon_per_client"]["basis"]  # audit 4, item 8: the secure sum's assumption, stated
+        assert f"ran the secure sum (SecAgg+) as specified and colluded with {who}" in basis, basis
+        privacy = json.loads((tmp_path / out / "privacy.json").read_text())
+        worst = max(c["epsilon"] for c in privacy["clients"])
+        assert release["epsilon_per_client"]["epsilon"] == pytest.approx(worst)

@@ -92,3 +92,24 @@ def test_a_secure_plans_epsilon_approaches_dp_accountings_gaussian_from_above(si
     accountant.compose(dpa.GaussianDpEvent(sigma))
     theirs = accountant.get_epsilon(1e-5)
     assert theirs * (1 - 2e-3) <= ours <= theirs * 1.01, (ours, theirs)
+
+
+def test_each_skellam_release_spends_its_range_checks_tail_of_delta() -> None:
+    """Audit 4, item 9: the docstring said the wrap probability is added to δ; nothing added it. A
+    node withholds a release whose noise leaves its declared range (probability ≤ d·RELEASE_TAIL
+    whatever the data): the ledger now spends DELTA_PER_RELEASE of δ per Skellam release, for the
+    largest d a node masks."""
+    from common import secagg
+    from common.privacy import PrivacyEvent, PrivacyLedger
+    from common.privacy.analysis import epsilon_from_rdp
+    from common.privacy.ledger import event_rdp
+    from common.privacy.skellam import DELTA_PER_RELEASE, MAX_RELEASE_DIM, RELEASE_TAIL
+
+    assert MAX_RELEASE_DIM == secagg.MAX_LENGTH and DELTA_PER_RELEASE == MAX_RELEASE_DIM * RELEASE_TAIL
+    event = PrivacyEvent.skellam(mu=5e3, l1=40.0, l2=20.0, count=7)
+    delta = 10 * 7 * DELTA_PER_RELEASE  # large enough for the spent share to move ε measurably
+    expected, _ = epsilon_from_rdp(7 * event_rdp(event), delta=delta - 7 * DELTA_PER_RELEASE)
+    assert PrivacyLedger([event]).epsilon(delta=delta) == pytest.approx(expected, rel=1e-12)
+    assert PrivacyLedger([event]).epsilon(delta=delta) > epsilon_from_rdp(7 * event_rdp(event), delta=delta)[0]
+    gaussian = PrivacyEvent(noise_multiplier=1.0, sample_rate=1.0, count=7)  # no range check: nothing spent
+    assert PrivacyLedger([gaussian]).epsilon(delta=1e-5) == epsilon_from_rdp(7 * event_rdp(gaussian), delta=1e-5)[0]
