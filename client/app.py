@@ -133,7 +133,9 @@ def handle_ledger(message: Message, context: Context) -> Message:
     """Return this client's ledger (JSON) so the server can write privacy.json from it."""
     wire.decode(LedgerQuery, message.content)
     node = Node(context)
-    return wire.reply(LedgerReply(ledger=json.dumps(node.ledger().state_dict())), message)
+    shares = node.share_ledger()
+    own = json.dumps(shares.state_dict()) if shares.queries else None
+    return wire.reply(LedgerReply(ledger=json.dumps(node.ledger().state_dict()), own_ledger=own), message)
 
 
 def handle_accuracy(message: Message, context: Context) -> Message:

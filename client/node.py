@@ -28,7 +28,7 @@ from common.privacy import NodePolicy, PolicyError, PrivacyEvent, PrivacyLedger,
 from common.privacy.node_ledger import NODE_STATE_ENV, NodeBook, NodeLedgerError, charge_node, read_node_book
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 
-from .state import load_ledger, load_state, save_state
+from .state import load_ledger, load_own_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
 
@@ -198,3 +198,7 @@ class Node:
 
     def ledger(self) -> PrivacyLedger:
         return own_ledger(self.cfg, self.client_id, self.state_dir, int(self.record["version"]))
+
+    def share_ledger(self) -> PrivacyLedger:
+        """Its secure releases against a server that deviates (own noise shares), every run on this state."""
+        return load_own_ledger(self.cfg, self.client_id, self.state_dir, int(self.record["version"]))

@@ -101,6 +101,7 @@ def _blob(state: ClientState) -> dict[str, Any]:
         "discriminator": {} if state.discriminator is None else state.discriminator.state_dict(),
         "optimizer": {} if state.optimizer is None else state.optimizer.state_dict(),
         "ledger": state.ledger.state_dict(),
+        "own_ledger": state.own_ledger.state_dict(),
         "data_rng": state.data_rng.get_state(),
         "data": _packed_data(state),
         **_classifier_blob(state),
@@ -164,6 +165,7 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path, critic_lr: fl
         data_rng = torch.Generator()
         data_rng.set_state(blob["data_rng"])
         ledger = PrivacyLedger.from_state_dict(blob["ledger"])
+        own = PrivacyLedger.from_state_dict(blob["own_ledger"]) if "own_ledger" in blob else PrivacyLedger()
         classifier, classifier_optimizer = classifier_for(cfg)
         if classifier is not None and "classifier" in blob:
             classifier.load_state_dict(blob["classifier"])
@@ -190,6 +192,7 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path, critic_lr: fl
         classifier=classifier,
         classifier_optimizer=classifier_optimizer,
         classifier_ready=classifier is not None and bool(blob.get("classifier_ready", False)),
+        own_ledger=own,
     )
 
 
@@ -239,6 +242,19 @@ def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, ve
     if not path.exists():
         return PrivacyLedger()
     return PrivacyLedger.from_state_dict(_read_blob(path, client_id, mmap=True)["ledger"])
+
+
+def load_own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:
+    """The client's record of its secure releases against a server that deviates (its own noise
+    shares, every run on this state); empty when it made none."""
+    cached = _CACHE.get((str(state_dir), client_id))
+    if cached is not None and cached.version == version:
+        return cached.own_ledger
+    path = state_path(state_dir, client_id)
+    if not path.exists():
+        return PrivacyLedger()
+    stored = _read_blob(path, client_id, mmap=True).get("own_ledger")
+    return PrivacyLedger() if stored is None else PrivacyLedger.from_state_dict(stored)
 
 
 def _remember(state_dir: str, state: ClientState) -> ClientState:

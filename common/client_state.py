@@ -44,6 +44,9 @@ class ClientState:
     classifier: torch.nn.Module | None = None
     classifier_optimizer: torch.optim.Optimizer | None = None
     classifier_ready: bool = False  # its init on real data (``dpac_init``) has run
+    # Through secure sums, each release's guarantee against a server that deviates (the client's own
+    # noise share), composed over every run on this state, as ``ledger`` composes the protocol's.
+    own_ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
 
 
 def adam_for(cfg: RunOptions, disc: torch.nn.Module, lr: float) -> torch.optim.Optimizer:

@@ -59,6 +59,7 @@ class LedgerQuery:
 @dataclass
 class LedgerReply:
     ledger: str  # PrivacyLedger.state_dict() as JSON (whose it is: the node the reply came from)
+    own_ledger: str | None = None  # through secure sums: its own noise shares' ledger (a deviating server's)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class CarriedLedger:
     server's shell reads a node's ledger from whichever reply brings it."""
 
     ledger: str | None = None
+    own_ledger: str | None = None  # a ledger reply's record of its own noise shares (secure sums)
 
 
 @dataclass

@@ -130,7 +130,8 @@ def ledger_claim(reply: Incoming) -> LedgerClaim:
     if reply.content is None:
         return LedgerClaim(reply.node_id)
     try:
-        return LedgerClaim(reply.node_id, wire.decode(CarriedLedger, reply.content).ledger)
+        carried = wire.decode(CarriedLedger, reply.content)
+        return LedgerClaim(reply.node_id, carried.ledger, own_text=carried.own_ledger)
     except PayloadError as err:
         return LedgerClaim(reply.node_id, problem=unreadable(err))
 

@@ -237,8 +237,14 @@ class ServerBase:
 
     def absorb_ledgers(self, claims: list[LedgerClaim], *, final: bool = True) -> list[str]:
         """Take the ledgers the nodes sent (at the hello: ``final`` False; at the end of the run);
-        returns notes for the run."""
-        return self.records.absorb(self.node_client, claims, final=final)
+        returns notes for the run. Through secure sums, a ledger reply also carries the client's
+        record of its own noise shares (every run on its state): the deviating server's figure keeps
+        the larger of it and the server's own record of this run (audit 4, item 6)."""
+        notes = self.records.absorb(self.node_client, claims, final=final)
+        if self.secure:
+            shares = [claim.shares() for claim in claims if claim.own_text is not None]
+            self.secure.own.absorb(self.node_client, shares, final=False)
+        return notes
 
     # --- the report ------------------------------------------------------------------------------
     def privacy_report(self, *, final: bool = False) -> dict[str, Any]:

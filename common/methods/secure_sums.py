@@ -236,16 +236,18 @@ def deposit(
     session: str,
     vector: np.ndarray,
     plan: SecureSumPlan,
-    events: tuple[PrivacyEvent, PrivacyEvent],
+    events: tuple[PrivacyEvent, PrivacyEvent, PrivacyEvent],
 ) -> None:
     """A client's side of a release through a secure sum, once its vector is encoded: the node's
     ledger charged with the event its policy counts and the run's with ``protocol``, the state
     written, then the vector deposited (masked in the sum's third round, never sent in the clear).
-    A crash in between over-counts, never under-counts. ``events`` is (the protocol's event, the one
-    the node's policy counts); the deposit is bound to ``plan``'s floor t and range R."""
-    protocol, counted = events
+    A crash in between over-counts, never under-counts. ``events`` is (the protocol's event, the own
+    share's, the one the node's policy counts: one of the two), the first two recorded in the client's
+    state (composed over every run on it); the deposit is bound to ``plan``'s floor t and range R."""
+    protocol, own, counted = events
     node.charge({state.client_id: [counted]})
     state.ledger.record(protocol)
+    state.own_ledger.record(own)
     state.version += 1
     node.persist(state)
     node.deposit_secure_input(session, vector, floor=plan.threshold, bound=coordinate_range(plan))

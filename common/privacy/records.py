@@ -59,6 +59,11 @@ class LedgerClaim:
     node: int
     text: str | None = None
     problem: str = ""
+    own_text: str | None = None  # through secure sums: its record of its own noise shares
+
+    def shares(self) -> LedgerClaim:
+        """The claim of its own-share ledger, as a claim of its own (read by the deviating figure)."""
+        return LedgerClaim(self.node, self.own_text, self.problem)
 
 
 class ClientRecords:

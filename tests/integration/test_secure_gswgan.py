@@ -91,3 +91,32 @@ def test_the_server_asks_no_client_whose_budget_one_more_answer_would_break(tmp_
     assert all(c["epsilon"] <= 30.0 + 1e-6 for c in summary["clients"])
     assert summary["status"] == "completed" and summary["steps_completed"] == 12
     assert [c["queries"] for c in summary["clients"]] == [6] * 6
+
+
+def test_the_deviating_servers_figure_composes_every_run_on_a_nodes_state(tmp_path) -> None:
+    """Audit 4, item 6: two runs on one node state; the headline composed both runs' releases (the
+    client's ledger), the "server deviates" figure only the second run's (the server's record), and
+    release.json published the smaller. Now the client keeps its own-share ledger beside its ledger
+    and the report takes the larger: both figures compose the same releases."""
+    from common.methods.secure_sums import KIND_DEVIATING
+    from common.privacy.secure_release import release_events
+
+    nodes = tmp_path / "nodes"
+    for name in ("first", "second"):
+        cfg = secure_cfg(tmp_path / name)
+        transport = InProcessTransport(client_app, cfg.num_clients, node_state=nodes)
+        assert run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")["status"] == (
+            "completed"
+        )
+    privacy = json.loads((tmp_path / "second" / "privacy.json").read_text())
+    worst = max(privacy["clients"], key=lambda c: c["queries"])
+    assert worst["queries"] > 3  # releases of both runs (3 steps × 3 of 6 clients each)
+    protocol, own = release_events(secure.plan(cfg))
+    deviating = privacy["epsilon_amplified"]
+    assert deviating["kind"] == KIND_DEVIATING
+    expected = max(
+        PrivacyLedger([own.times(c["queries"])]).epsilon(delta=cfg.delta) for c in privacy["clients"] if c["queries"]
+    )
+    assert deviating["epsilon"] == pytest.approx(expected, rel=1e-6)
+    release = json.loads((tmp_path / "second" / "publish" / "release.json").read_text())
+    assert release["epsilon_amplified"]["epsilon"] == pytest.approx(expected, rel=1e-6)

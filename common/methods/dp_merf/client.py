@@ -84,7 +84,7 @@ def secure_release(node: ClientNode, state: ClientState, request: MerfRequest, f
     images, labels = state.data.images.to(device), state.data.labels.to(device)
     summary = embed(family.build(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
     vector = client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
-    deposit(node, state, request.session, vector, p, (protocol, counted))
+    deposit(node, state, request.session, vector, p, (protocol, own, counted))
     return MerfRelease(step=request.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
 
 

@@ -118,6 +118,6 @@ def secure_answer(node: ClientNode, state: ClientState, request: FedAvgRound, de
         request.session,
         client_vector(vector.numpy(), p, -1, state.client_id, request.step),
         p,
-        (protocol, counted),
+        (protocol, own, counted),
     )
     return FedAvgReply(step=request.step, deposited=True)

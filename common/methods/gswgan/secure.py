@@ -86,5 +86,5 @@ def secure_answer(node: ClientNode, state: ClientState, query: GsQuery) -> GsAns
     finite = torch.nan_to_num(released.detach().cpu().double(), nan=0.0, posinf=0.0, neginf=0.0)
     rows = clip_sample_grads(finite, clip=cfg.clip).numpy()
     vector = client_vector(rows, p, cfg.noise_seed, state.client_id, query.step)
-    deposit(node, state, query.session, vector, p, (protocol, counted))
+    deposit(node, state, query.session, vector, p, (protocol, own, counted))
     return GsAnswer(step=query.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
