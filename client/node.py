@@ -25,7 +25,15 @@ from flwr.app import ConfigRecord, Context
 from common.client_state import ClientState
 from common.methods import ExperimentConfig, Method, method, run_terms
 from common.privacy import NodePolicy, PolicyError, PrivacyEvent, PrivacyLedger, load_policy
-from common.privacy.node_ledger import NODE_STATE_ENV, NodeBook, NodeLedgerError, charge_node, read_node_book
+from common.privacy.node_ledger import (
+    NODE_STATE_ENV,
+    ROLLED_BACK,
+    NodeBook,
+    NodeLedgerError,
+    charge_node,
+    node_ledger_path,
+    read_node_book,
+)
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 
 from .state import load_ledger, load_own_ledger, load_state, save_state
@@ -145,8 +153,20 @@ class Node:
 
     @cached_property
     def book(self) -> NodeBook:
-        """This client's node-level record of every release (NodeLedgerError when unreadable)."""
-        return read_node_book(self.state_dir, self.client_id)
+        """This client's node-level record of every release: NodeLedgerError when unreadable, behind
+        its counter (``read_node_book``), or behind the client state on the same disk, which is
+        written after every charge and so never holds more releases than an intact node ledger."""
+        book = read_node_book(self.state_dir, self.client_id)
+        try:
+            held = load_ledger(self.cfg, self.client_id, self.state_dir, int(self.record["version"])).queries
+        except Exception:  # noqa: BLE001 - an unreadable state fails its own load, with its own message
+            return book
+        if held > book.releases:
+            path = node_ledger_path(self.state_dir, self.client_id)
+            raise NodeLedgerError(
+                f"node ledger {path} holds {book.releases} releases, the client state beside it {held}" + ROLLED_BACK
+            )
+        return book
 
     @property
     def policy(self) -> NodePolicy:

@@ -131,3 +131,42 @@ def test_an_unreadable_node_ledger_refuses_every_release(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["clients"][1]["queries"] == 0
     assert any("node ledger" in n and "unreadable" in n for n in summary["notes"])
+
+
+@pytest.mark.parametrize("tamper", ["rolled back", "deleted", "deleted with its counter", "rewritten"])
+def test_a_rolled_back_or_deleted_node_ledger_gives_no_fresh_budget(tmp_path, nodes, tamper):
+    """Audit 4, item 11: a node ledger restored from an earlier copy, or deleted, handed the node a
+    fresh budget (ε 41.65 and 55.62 against a limit of 40), and the node's own error message advised
+    restoring a backup. Now the counter beside the ledger, its hash chain and the client state on the
+    same disk all disagree with such a ledger, and the node releases nothing, saying why."""
+    state, policy = nodes
+    policy.write_text("max-epsilon = 40.0\n")
+
+    def run(name: str, steps: int) -> tuple[int, dict]:
+        flags = tiny_flags(num_clients=2, clients_per_step=2, steps=steps, noise_multiplier=3.0)
+        out = ["--out", str(tmp_path / name), "--node-state", str(state), "--node-policy", str(policy)]
+        return main(["simulate", *flags, *out]), json.loads((tmp_path / name / "summary.json").read_text())
+
+    code, first = run("first", 1)
+    assert code == 0 and [c["queries"] for c in first["clients"]] == [1, 1]
+    earlier = node_ledger_path(state, 1).read_text()
+    code, _ = run("second", 2)
+    assert read_node_book(state, 1).ledger.queries == 3
+    path, counter = node_ledger_path(state, 1), state / "node-ledger-00001.count"
+    if tamper == "rolled back":
+        path.write_text(earlier)
+    elif tamper == "deleted":
+        path.unlink()
+    elif tamper == "deleted with its counter":  # the client state still holds the true count
+        path.unlink()
+        counter.unlink()
+    else:  # the same count, another history: ten times the noise, so a tenth of the spending
+        book = json.loads(path.read_text())
+        history = book["ledger"]["history"]
+        book["ledger"]["history"] = [dict(e, noise_multiplier=e["noise_multiplier"] * 10) for e in history]
+        path.write_text(json.dumps(book))
+    code, third = run("third", 2)
+    assert third["clients"][1]["queries"] == 3, tamper  # nothing more was released by client 1
+    notes = " ".join(third["notes"])
+    assert "rolled back, replaced or deleted" in notes and "restore it from a backup" not in notes, notes
+    assert third["clients"][0]["queries"] > 3  # the untouched node goes on
