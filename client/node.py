@@ -36,6 +36,7 @@ from common.privacy.node_ledger import (
 )
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 
+from .secure_deposit import deposit_input
 from .state import load_ledger, load_own_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
@@ -195,7 +196,6 @@ class Node:
     def deposit_secure_input(self, session: str, vector: object, *, floor: int, bound: int) -> None:
         """Leave this node's integer vector for the secure sum ``session`` (masked in its third round,
         never sent in the clear), bound to the floor and range its noise share was calibrated for."""
-        from .secure_sum import deposit_input  # it imports this module (the node's policy)
 
         deposit_input(self.context, session, vector, floor=floor, bound=bound)
 

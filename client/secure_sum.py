@@ -1,17 +1,22 @@
 """The node's side of a secure sum (SecAgg+, Bell et al. 2020): one handler per round.
 
-A caller on the node (a method's answer; for now the tests) deposits the node's input for a session
-with ``deposit_input``; the server then drives four rounds (``server/secure_sum.py``):
+A caller on the node (a method's answer) deposits the node's input with ``deposit_input``
+(``secure_deposit.py``); the server then drives four rounds (``server/secure_sum.py``):
 
-1. ``query.secagg_advertise``: check the sum's parameters against the protocol's rules and the
-   node's own policy (``min-secagg-cohort``, ``min-secagg-threshold``), then make two fresh key pairs.
-2. ``query.secagg_share``: draw a self-mask seed, Shamir-share it and the mask key among the
-   neighbours (threshold t), and encrypt each neighbour's shares for it alone.
-3. ``query.secagg_mask``: take the deposited input, refuse it unless every coordinate is within the
-   declared range, and add the self mask and one pairwise mask per neighbour that shared, mod 2^b.
+1. ``query.secagg_advertise``: check the sum against the protocol's rules, the node's own policy
+   and its deposit's terms (floor, range, length), then make two fresh key pairs and sign them with
+   the node's identity (``common/secagg_identity.py``).
+2. ``query.secagg_share``: check each neighbour (a verifying node: its identity is one the federation
+   published, distinct from the others, its signature valid), draw a self-mask seed, commit to it,
+   Shamir-share it and the mask key among the neighbours (threshold t), sign each neighbour's shares
+   and encrypt them for that neighbour alone.
+3. ``query.secagg_mask``: open what each neighbour sent; a share that does not decrypt, name this
+   session and pair, or carry its owner's signature names that owner (``blamed``) with a proof the
+   server checks (``common/secagg_proof.py``), and the node masks nothing. Else the deposited input,
+   range-checked, plus the self mask and one pairwise mask per sender, mod 2^b.
 4. ``query.secagg_unmask``: give the server self-mask shares of the neighbours whose inputs are in
-   the sum and key shares of those that dropped after sharing, never both for one node, and only
-   when at least t of the neighbourhood survived; then forget the session.
+   the sum and key shares of those that dropped after sharing, never both for one node, each with
+   its owner's signature, and only when enough of the neighbourhood survived; the deposit is spent.
 
 Secrets live in ``context.state`` (the node's memory, kept by Flower between a run's messages; the
 data-plane worker keeps its own context), never on disk and never in a reply. Every refusal names
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.fernet import InvalidToken
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 
@@ -36,7 +41,6 @@ from common.secagg import (
     NODE_IDS,
     PUBLIC_KEY_BYTES,
     SEED_BYTES,
-    DepositTerms,
     SecAggError,
     encode_inputs,
     fewest_inputs,
@@ -59,6 +63,7 @@ from common.secagg import (
     share_plaintext,
     unpack_bytes,
 )
+from common.secagg_identity import advertise_message, digest, seed_commitment, share_message, sign, verifies
 from common.secagg_messages import (
     ADVERTISE,
     MASK,
@@ -73,19 +78,24 @@ from common.secagg_messages import (
     Unmask,
     UnmaskReply,
 )
+from common.secagg_proof import prove_shared_point
 from protos import wire
 
-from .node import node_policy
+from .node import client_id_of, node_policy, node_root
+from .secure_deposit import (
+    Identity,
+    Refused,
+    deposit_input,
+    deposit_terms,
+    live_input,
+    node_identity,
+    open_for,
+    spend,
+)
 
+__all__ = ["HANDLERS", "deposit_input"]
 SESSION_PREFIX = "secagg."
-INPUT_PREFIX = "secagg-input."
-INPUT_KEY = "x"
-TERMS_PREFIX = "secagg-terms."
 MAX_OPEN_SESSIONS = 8  # a server that opens sessions and never finishes them cannot fill the node's memory
-
-
-class Refused(Exception):
-    """This node will not go on with the session; the message is the reason the server is told."""
 
 
 @dataclass
@@ -93,6 +103,7 @@ class Session:
     """One sum's state on this node: its parameters, its private keys and what it learnt since."""
 
     stage: str  # the last round answered: advertise, share, mask
+    deposit: str  # the deposit it sums
     cohort: int
     threshold: int
     degree: int
@@ -102,14 +113,17 @@ class Session:
     min_inputs: int
     mask_sk: bytes
     cipher_sk: bytes
+    verifies: bool = False  # the node has an identity: it checks its peers' and signs its own
     opened_ns: int = field(default_factory=time.time_ns)
     seed: bytes = b""
     neighbours: bytes = b""  # uint64 ids, in the order of the key tables
     mask_keys: bytes = b""  # their mask public keys, 33 bytes each
     cipher_keys: bytes = b""
+    identities: bytes = b""  # their identity keys, 33 bytes each (a verifying node's, checked at round 2)
     holders: bytes = b""  # uint64 ids whose shares this node holds (itself first)
     seed_shares: list[bytes] = field(default_factory=list)
     key_shares: list[bytes] = field(default_factory=list)
+    signatures: list[bytes] = field(default_factory=list)  # each holder row's owner signature (b"": none)
 
     def neighbour_ids(self) -> list[int]:
         return np.frombuffer(self.neighbours, NODE_IDS).tolist()
@@ -120,44 +134,8 @@ class Session:
         return table[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES]
 
 
-# --- the caller's side: deposit the input ---------------------------------------------------------
-def deposit_input(context: Context, session: str, vector: np.ndarray, *, floor: int, bound: int) -> None:
-    """Leave this node's input for ``session``: a 1-D integer vector in ±``bound`` whose noise share
-    was calibrated for sums of at least ``floor`` inputs. The terms are kept with it: a sum declared
-    with a lower floor, another range or length is refused at its first round (``DepositTerms``); the
-    input is masked in the third round (range-checked again) and then deleted."""
-    problem = session_problem(session)
-    vector = np.asarray(vector)
-    if problem or vector.ndim != 1 or vector.dtype.kind not in "iu":
-        raise ValueError(problem or f"a secure sum's input is a 1-D integer vector, got {vector.dtype} {vector.shape}")
-    if floor < 2 or bound < 1:
-        raise ValueError(f"a deposit needs a floor >= 2 and a range >= 1, got floor {floor}, range {bound}")
-    out_of_range = input_problem(vector, bound=bound, length=vector.size)
-    if out_of_range:
-        raise ValueError(f"the deposit is refused: {out_of_range}")
-    terms = DepositTerms(floor=int(floor), bound=int(bound), length=int(vector.size))
-    context.state[INPUT_PREFIX + session] = ArrayRecord({INPUT_KEY: wire.raw_array(vector)})
-    context.state[TERMS_PREFIX + session] = ConfigRecord(dataclasses.asdict(terms))
-
-
-def deposit_terms(context: Context, session: str) -> DepositTerms | None:
-    """The terms of this node's deposit for ``session`` (None: nothing is deposited for it)."""
-    key = TERMS_PREFIX + session
-    if INPUT_PREFIX + session not in context.state or key not in context.state:
-        return None
-    record = context.state.config_records[key]
-    return DepositTerms(**{f.name: int(record[f.name]) for f in dataclasses.fields(DepositTerms)})
-
-
-def _take_input(context: Context, session: str) -> tuple[np.ndarray, DepositTerms]:
-    """The deposited input and its terms, removed from the node's state (an input is masked at most once)."""
-    terms = deposit_terms(context, session)
-    if terms is None:
-        raise Refused(f"no input was deposited for session {session} on this node")
-    record = context.state.array_records[INPUT_PREFIX + session]
-    for key in (INPUT_PREFIX + session, TERMS_PREFIX + session):
-        del context.state[key]
-    return wire.array_to_numpy(INPUT_KEY, record[INPUT_KEY]), terms
+def _identity(context: Context) -> tuple[Identity | None, str]:
+    return node_identity(dict(context.node_config), node_root(context), client_id_of(context))
 
 
 # --- session state in context.state ---------------------------------------------------------------
@@ -183,9 +161,8 @@ def _field(record: ConfigRecord, name: str) -> object:
 
 
 def _close(context: Context, session: str) -> None:
-    for key in (SESSION_PREFIX + session, INPUT_PREFIX + session, TERMS_PREFIX + session):
-        if key in context.state:
-            del context.state[key]
+    if SESSION_PREFIX + session in context.state:
+        del context.state[SESSION_PREFIX + session]
 
 
 def _make_room(context: Context) -> None:
@@ -198,33 +175,58 @@ def _make_room(context: Context) -> None:
 
 # --- round 1: advertise keys ----------------------------------------------------------------------
 def handle_advertise(message: Message, context: Context) -> Message:
-    """Check the sum against the protocol and the node's policy; answer with two fresh public keys."""
+    """Check the sum against the protocol, the node's policy and its deposit; answer with two fresh
+    public keys, signed by the node's identity where it has one."""
     request = wire.decode(AdvertiseKeys, message.content)
-    problem = _advertise_problem(request, context)
-    if problem:
-        return wire.reply(AdvertiseReply(refused=True, reason=f"node refuses the secure sum: {problem}"), message)
+    deposit = request.deposit or request.session
+    identity, broken = _identity(context)
+    try:
+        problem = broken or _advertise_problem(request, deposit, context)
+        if problem:
+            raise Refused(problem)
+        replaced = open_for(context, deposit, request.session)
+    except Refused as err:
+        return wire.reply(AdvertiseReply(refused=True, reason=f"node refuses the secure sum: {err}"), message)
+    if replaced and replaced != request.session:
+        _close(context, replaced)  # an abandoned sum of this deposit: it answers nothing more
     _make_room(context)
     mask_sk, cipher_sk = new_private_key(), new_private_key()
     secret_keys = {"mask_sk": private_key_bytes(mask_sk), "cipher_sk": private_key_bytes(cipher_sk)}
-    state = Session(stage="advertise", **secret_keys, **_parameters(request))
+    state = Session(
+        stage="advertise", deposit=deposit, verifies=identity is not None, **secret_keys, **_parameters(request)
+    )
     _save(context, request.session, state)
-    keys = {
-        k: np.frombuffer(public_key_bytes(sk), np.uint8) for k, sk in (("mask_key", mask_sk), ("cipher_key", cipher_sk))
-    }
-    return wire.reply(AdvertiseReply(refused=False, reason="", **keys), message)
+    mask_key, cipher_key = public_key_bytes(mask_sk), public_key_bytes(cipher_sk)
+    own, signature = b"", b""
+    if identity is not None:
+        own = identity.public
+        signature = sign(identity.key, advertise_message(request.session, context.node_id, mask_key, cipher_key))
+    reply = AdvertiseReply(
+        refused=False,
+        reason="",
+        mask_key=_bytes(mask_key),
+        cipher_key=_bytes(cipher_key),
+        identity=_bytes(own),
+        signature=_bytes(signature),
+    )
+    return wire.reply(reply, message)
 
 
-def _advertise_problem(request: AdvertiseKeys, context: Context) -> str:
+def _bytes(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, np.uint8).copy()
+
+
+def _advertise_problem(request: AdvertiseKeys, deposit: str, context: Context) -> str:
     """Why this node will not take part in the sum ``request`` describes ("")."""
-    if session_problem(request.session):
-        return session_problem(request.session)
+    if session_problem(request.session) or session_problem(deposit):
+        return session_problem(request.session) or session_problem(deposit)
     if SESSION_PREFIX + request.session in context.state:
         return f"session {request.session} is already open on this node (a session is run once)"
     reasons = parameter_problems(**_parameters(request))
     floor = fewest_inputs(request.threshold, request.min_inputs)
-    terms = deposit_terms(context, request.session)
+    terms = deposit_terms(context, deposit)
     if terms is None:
-        return f"no input was deposited for session {request.session} on this node"
+        return f"no input was deposited for session {deposit} on this node"
     reasons += terms.problems(floor=floor, bound=request.bound, length=request.length)
     policy, broken = node_policy(context)
     own = [broken] if broken else policy.secagg_violations(cohort=request.cohort, threshold=floor)
@@ -240,40 +242,50 @@ def _parameters(request: AdvertiseKeys) -> dict[str, int]:
 # --- round 2: share keys --------------------------------------------------------------------------
 def handle_share(message: Message, context: Context) -> Message:
     """Shamir-share a fresh self-mask seed and the mask key among the neighbours, each neighbour's
-    shares encrypted for it alone (Flower's ECDH + HKDF key, Fernet)."""
+    shares signed and encrypted for it alone (Flower's ECDH + HKDF key, Fernet)."""
     request = wire.decode(ShareKeys, message.content)
+    identity, _ = _identity(context)
     try:
         state = _load(context, request.session, after="advertise")
-        neighbours = _neighbours(request, state, own=context.node_id)
+        neighbours = _neighbours(request, state, own=context.node_id, identity=identity)
     except (Refused, SecAggError) as err:
         return wire.reply(ShareReply(refused=True, reason=str(err)), message)
+    own, session = context.node_id, request.session
     state.seed = os.urandom(SEED_BYTES)
     holders = len(neighbours) + 1
     seed_shares = create_shares(state.seed, state.threshold, holders)
     key_shares = create_shares(state.mask_sk, state.threshold, holders)
     state.neighbours = node_ids(neighbours).tobytes()
     state.mask_keys, state.cipher_keys = request.mask_keys.tobytes(), request.cipher_keys.tobytes()
+    state.identities = request.identities.tobytes() if state.verifies else b""
     cipher_sk, tokens = private_key_from(state.cipher_sk), []
+    signatures = [_share_signature(identity, session, own, own, seed_shares[0], key_shares[0])]
     for i, node in enumerate(neighbours, start=1):
         key = generate_shared_key(cipher_sk, public_key_from(state.public_key(state.cipher_keys, node)))
-        plaintext = share_plaintext(request.session, context.node_id, node, seed_shares[i], key_shares[i])
+        signature = _share_signature(identity, session, own, node, seed_shares[i], key_shares[i])
+        plaintext = share_plaintext(session, own, node, seed_shares[i], key_shares[i], signature)
         tokens.append(base64.urlsafe_b64decode(encrypt(key, plaintext)))  # raw bytes on the wire
-    state.holders, state.seed_shares, state.key_shares = (
-        node_ids([context.node_id]).tobytes(),
-        seed_shares[:1],
-        key_shares[:1],
-    )
-    state.stage = "share"
-    _save(context, request.session, state)
+    state.holders, state.seed_shares, state.key_shares = node_ids([own]).tobytes(), seed_shares[:1], key_shares[:1]
+    state.signatures, state.stage = signatures, "share"
+    _save(context, session, state)
     flat, lengths = pack_bytes(tokens)
-    return wire.reply(
-        ShareReply(False, "", recipients=node_ids(neighbours), ciphertexts=flat, lengths=lengths), message
-    )
+    commitment = _bytes(seed_commitment(session, own, state.seed))
+    reply = ShareReply(False, "", node_ids(neighbours), flat, lengths, seed_commitment=commitment)
+    return wire.reply(reply, message)
 
 
-def _neighbours(request: ShareKeys, state: Session, *, own: int) -> list[int]:
+def _share_signature(
+    identity: Identity | None, session: str, owner: int, holder: int, seed: bytes, key: bytes
+) -> bytes:
+    if identity is None:
+        return b""
+    return sign(identity.key, share_message(session, owner, holder, digest(seed), digest(key)))
+
+
+def _neighbours(request: ShareKeys, state: Session, *, own: int, identity: Identity | None) -> list[int]:
     """The neighbours the server named, checked: distinct, not this node, no more than the degree,
-    enough to hold t shares, each with two distinct valid keys."""
+    enough to hold t shares, each with two distinct valid keys, and (a verifying node) each with an
+    identity the federation published, distinct, signing its keys for this session and node id."""
     ids = request.neighbours
     if ids.dtype != NODE_IDS or ids.ndim != 1:
         raise Refused(f"neighbour ids of dtype {ids.dtype}, shape {ids.shape}")
@@ -291,33 +303,76 @@ def _neighbours(request: ShareKeys, state: Session, *, own: int) -> list[int]:
         raise Refused("two neighbours' public keys are identical")
     for key in keys:
         public_key_from(key)
+    if state.verifies:
+        _verify_peers(request, neighbours, identity, request.session)
     return neighbours
+
+
+def _verify_peers(request: ShareKeys, neighbours: list[int], identity: Identity | None, session: str) -> None:
+    """Each neighbour a distinct published identity other than this node's, its keys signed by it."""
+    if identity is None:
+        raise Refused("this node's identity is no longer readable: it verifies no peer and joins no sum")
+    n = len(neighbours)
+    identities, sigs = request.identities, request.signatures
+    if identities is None or sigs is None or request.signature_lengths is None:
+        raise Refused("the server sent no identities: this node takes part only with peers it can verify")
+    if identities.dtype != np.uint8 or identities.shape != (n, PUBLIC_KEY_BYTES):
+        raise Refused(f"an identity table of {identities.dtype} {identities.shape} for {n} neighbours")
+    signatures = unpack_bytes(sigs, request.signature_lengths)
+    rows = [bytes(row) for row in identities]
+    unknown = [node for node, row in zip(neighbours, rows, strict=True) if row not in identity.peers]
+    if unknown:
+        raise Refused(
+            f"neighbour(s) {unknown[:5]} are not among the federation's published keys: a server may fill a "
+            "sum with keys of its own, so this node joins none whose peers it cannot verify"
+        )
+    if len(set(rows)) != n or identity.public in rows:
+        raise Refused("two neighbours share one identity, or a neighbour has this node's: a sybil")
+    for i, node in enumerate(neighbours):
+        message = advertise_message(session, node, bytes(request.mask_keys[i]), bytes(request.cipher_keys[i]))
+        if not verifies(rows[i], signatures[i], message):
+            raise Refused(f"neighbour {node}'s keys are not signed by its identity for this session")
 
 
 # --- round 3: mask the input ----------------------------------------------------------------------
 def handle_mask(message: Message, context: Context) -> Message:
-    """Decrypt the shares the neighbours sent, then answer the deposited input (range-checked) plus
-    the self mask and one pairwise mask per sender, mod 2^b."""
+    """Open the shares the neighbours sent; blame a sender whose share cannot be used (and mask
+    nothing), else answer the live deposit (range-checked) plus the self mask and one pairwise mask
+    per sender, mod 2^b."""
     request = wire.decode(MaskInput, message.content)
+    identity, _ = _identity(context)
     try:
         state = _load(context, request.session, after="share")
-        vector, terms = _take_input(context, request.session)
-        problem = input_problem(vector, bound=min(state.bound, terms.bound), length=state.length)
+        vector = live_input(context, state.deposit, request.session)
+        problem = input_problem(vector, bound=state.bound, length=state.length)
         if problem:
             raise Refused(f"node refuses to mask its input: {problem}")
-        senders = _receive_shares(request, state, own=context.node_id)
+        senders, blamed = _receive_shares(request, state, own=context.node_id, identity=identity)
     except (Refused, SecAggError) as err:
         _close(context, request.session)
         return wire.reply(MaskedInput(refused=True, reason=str(err)), message)
+    if blamed:
+        _close(context, request.session)  # the server abandons the session; the deposit waits for another
+        proofs = np.stack([_bytes(_blame_proof(state, node)) for node in blamed])
+        reason = f"node cannot use the shares of {sorted(blamed)}; it names them, with proof"
+        return wire.reply(MaskedInput(refused=True, reason=reason, blamed=node_ids(blamed), evidence=proofs), message)
     masked = _masked(vector, state, senders, request.session, own=context.node_id)
     state.stage = "mask"
     _save(context, request.session, state)
     return wire.reply(MaskedInput(refused=False, reason="", masked=masked), message)
 
 
-def _receive_shares(request: MaskInput, state: Session, *, own: int) -> list[int]:
-    """The senders, after each one's ciphertext decrypted and named this session and pair; their
-    shares kept. Refused unless at least t - 1 neighbours shared (with this node: t holders)."""
+def _blame_proof(state: Session, node: int) -> bytes:
+    """The pair's cipher point with its DLEQ proof: what lets the server open ``node``'s ciphertext."""
+    return prove_shared_point(private_key_from(state.cipher_sk), state.public_key(state.cipher_keys, node))
+
+
+def _receive_shares(
+    request: MaskInput, state: Session, *, own: int, identity: Identity | None
+) -> tuple[list[int], list[int]]:
+    """(the senders whose shares this node keeps, the senders it blames). A share is blamed when its
+    ciphertext does not authenticate, names another session or pair, or (a verifying node) lacks its
+    owner's valid signature. Refused unless at least t - 1 neighbours shared."""
     senders = request.senders.tolist() if request.senders.dtype == NODE_IDS else []
     if request.senders.dtype != NODE_IDS or len(set(senders)) != len(senders):
         raise Refused("malformed or repeated senders")
@@ -325,18 +380,33 @@ def _receive_shares(request: MaskInput, state: Session, *, own: int) -> list[int
         raise Refused("a share from a node that is not this node's neighbour")
     if len(senders) + 1 < state.threshold:
         raise Refused(f"only {len(senders)} neighbours shared their keys; threshold {state.threshold} needs more")
-    cipher_sk = private_key_from(state.cipher_sk)
+    cipher_sk, blamed = private_key_from(state.cipher_sk), []
     for sender, token in zip(senders, unpack_bytes(request.ciphertexts, request.lengths), strict=True):
         key = generate_shared_key(cipher_sk, public_key_from(state.public_key(state.cipher_keys, sender)))
         try:
             plaintext = decrypt(key, base64.urlsafe_b64encode(token))
-        except InvalidToken:
-            raise Refused(f"the ciphertext from node {sender} does not authenticate") from None
-        seed_share, key_share = parse_share_plaintext(plaintext, session=request.session, src=sender, dst=own)
+            seed_share, key_share, signature = parse_share_plaintext(
+                plaintext, session=request.session, src=sender, dst=own
+            )
+        except (InvalidToken, SecAggError, ValueError):
+            blamed.append(sender)
+            continue
+        shares = (seed_share, key_share, signature)
+        if state.verifies and not _signed_by_owner(request.session, state, sender, own, shares):
+            blamed.append(sender)
+            continue
         state.seed_shares.append(seed_share)
         state.key_shares.append(key_share)
-    state.holders += node_ids(senders).tobytes()
-    return senders
+        state.signatures.append(signature)
+        state.holders += node_ids([sender]).tobytes()
+    return [s for s in senders if s not in blamed], blamed
+
+
+def _signed_by_owner(session: str, state: Session, sender: int, own: int, shares: tuple[bytes, bytes, bytes]) -> bool:
+    """Whether ``sender`` signed the shares it handed this node (its identity, checked at round 2)."""
+    seed, key, signature = shares
+    identity = state.public_key(state.identities, sender)
+    return verifies(identity, signature, share_message(session, sender, own, digest(seed), digest(key)))
 
 
 def _masked(vector: np.ndarray, state: Session, senders: list[int], session: str, *, own: int) -> np.ndarray:
@@ -353,34 +423,47 @@ def _masked(vector: np.ndarray, state: Session, senders: list[int], session: str
 
 # --- round 4: unmask ------------------------------------------------------------------------------
 def handle_unmask(message: Message, context: Context) -> Message:
-    """Self-mask shares for the survivors (this node among them), key shares for the dropped: never
-    both for one node, and only when at least t of this neighbourhood's inputs are in the sum."""
+    """Self-mask shares for the survivors (this node among them), key shares for the dropped, each
+    with its owner's signature: never both for one node, only when at least t of this neighbourhood's
+    inputs are in the sum, and only for the deposit's live session. The deposit is then spent."""
     request = wire.decode(Unmask, message.content)
     try:
         state = _load(context, request.session, after="mask")
-        survivors, dropped = _unmask_lists(request, state, own=context.node_id)
+        live_input(context, state.deposit, request.session)  # an abandoned session unmasks nothing
+        survivors, dropped = _unmask_lists(request, state, own=context.node_id, context=context)
     except (Refused, SecAggError) as err:
+        _close(context, request.session)
         return wire.reply(UnmaskReply(refused=True, reason=str(err)), message)
-    finally:
-        _close(context, request.session)  # answered or refused, the session is over for this node
+    _close(context, request.session)
+    spend(context, state.deposit)
     held = dict(zip(np.frombuffer(state.holders, NODE_IDS).tolist(), range(len(state.seed_shares)), strict=True))
-    seeds = [state.seed_shares[held[n]] for n in [context.node_id, *survivors]]
-    keys = [state.key_shares[held[n]] for n in dropped]
-    width = len(seeds[0])
+    seed_rows = [held[n] for n in [context.node_id, *survivors]]
+    key_rows = [held[n] for n in dropped]
+    seed_sigs, seed_lengths = pack_bytes([state.signatures[i] for i in seed_rows])
+    key_sigs, key_lengths = pack_bytes([state.signatures[i] for i in key_rows])
+    width = len(state.seed_shares[0])
+    keys = [state.key_shares[i] for i in key_rows]
     reply = UnmaskReply(
         refused=False,
         reason="",
         seed_owners=node_ids([context.node_id, *survivors]),
-        seed_shares=np.frombuffer(b"".join(seeds), np.uint8).reshape(len(seeds), width),
+        seed_shares=np.frombuffer(b"".join(state.seed_shares[i] for i in seed_rows), np.uint8).reshape(
+            len(seed_rows), width
+        ),
         key_owners=node_ids(dropped),
         key_shares=np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), len(keys[0]) if keys else width),
+        seed_signatures=seed_sigs,
+        seed_signature_lengths=seed_lengths,
+        key_signatures=key_sigs,
+        key_signature_lengths=key_lengths,
     )
     return wire.reply(reply, message)
 
 
-def _unmask_lists(request: Unmask, state: Session, *, own: int) -> tuple[list[int], list[int]]:
+def _unmask_lists(request: Unmask, state: Session, *, own: int, context: Context) -> tuple[list[int], list[int]]:
     """The survivors and the dropped, checked: disjoint, among the nodes that shared with this one,
-    and at least t inputs of this neighbourhood (this node's too) in the sum."""
+    and at least t inputs of this neighbourhood (this node's too) in the sum; a verifying node also
+    counts them against its policy's minimum threshold (its peers are verified, the count is real)."""
     if request.survivors.dtype != NODE_IDS or request.dropped.dtype != NODE_IDS:
         raise Refused("malformed survivor or dropout ids")
     survivors, dropped = request.survivors.tolist(), request.dropped.tolist()
@@ -389,10 +472,13 @@ def _unmask_lists(request: Unmask, state: Session, *, own: int) -> tuple[list[in
         raise Refused("a node listed twice, or both as a survivor and as dropped")
     if not (set(survivors) | set(dropped)) <= partners:
         raise Refused("survivors or dropouts that did not share keys with this node")
-    if len(survivors) + 1 < state.threshold:
-        raise Refused(
-            f"only {len(survivors) + 1} inputs of this neighbourhood are in the sum; threshold {state.threshold}"
-        )
+    needed = state.threshold
+    if state.verifies:
+        needed = max(needed, node_policy(context)[0].min_secagg_threshold)
+        if state.degree == state.cohort - 1:  # the complete graph: every input of the sum is a neighbour's
+            needed = max(needed, fewest_inputs(state.threshold, state.min_inputs))
+    if len(survivors) + 1 < needed:
+        raise Refused(f"only {len(survivors) + 1} inputs of this neighbourhood are in the sum; it needs {needed}")
     return survivors, dropped
 
 

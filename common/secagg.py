@@ -289,28 +289,31 @@ def private_key_from(data: bytes) -> ec.EllipticCurvePrivateKey:
         raise SecAggError(f"not a private key on {CURVE.name}: {err}") from err
 
 
-_SHARE_HEADER = struct.Struct("<16sQQHH")  # session digest, src, dst, seed-share and key-share lengths
+_SHARE_HEADER = struct.Struct("<16sQQHHH")  # session digest, src, dst, seed-share, key-share, signature lengths
 
 
-def share_plaintext(session: str, src: int, dst: int, seed_share: bytes, key_share: bytes) -> bytes:
+def share_plaintext(
+    session: str, src: int, dst: int, seed_share: bytes, key_share: bytes, signature: bytes = b""
+) -> bytes:
     """What ``src`` encrypts for ``dst``: its shares, bound to the session and to both ends (the
-    receiver checks all three, so a server cannot replay a share elsewhere)."""
-    header = _SHARE_HEADER.pack(session_digest(session), src, dst, len(seed_share), len(key_share))
-    return header + seed_share + key_share
+    receiver checks all three, so a server cannot replay a share elsewhere), and ``src``'s signature
+    on them where it has an identity (so a holder cannot alter a share unnoticed)."""
+    lengths = (len(seed_share), len(key_share), len(signature))
+    return _SHARE_HEADER.pack(session_digest(session), src, dst, *lengths) + seed_share + key_share + signature
 
 
-def parse_share_plaintext(plaintext: bytes, *, session: str, src: int, dst: int) -> tuple[bytes, bytes]:
-    """(seed share, key share) from a decrypted plaintext; SecAggError if it is not for this session
-    and pair."""
+def parse_share_plaintext(plaintext: bytes, *, session: str, src: int, dst: int) -> tuple[bytes, bytes, bytes]:
+    """(seed share, key share, the owner's signature or b"") from a decrypted plaintext; SecAggError
+    if it is not for this session and pair."""
     if len(plaintext) < _SHARE_HEADER.size:
         raise SecAggError("a share plaintext shorter than its header")
-    digest, got_src, got_dst, n_seed, n_key = _SHARE_HEADER.unpack_from(plaintext)
+    digest, got_src, got_dst, n_seed, n_key, n_sig = _SHARE_HEADER.unpack_from(plaintext)
     if (digest, got_src, got_dst) != (session_digest(session), src, dst):
         raise SecAggError(f"a share from {src} to {dst} names another session or pair")
     body = plaintext[_SHARE_HEADER.size :]
-    if len(body) != n_seed + n_key:
+    if len(body) != n_seed + n_key + n_sig:
         raise SecAggError("a share plaintext whose lengths do not add up")
-    return body[:n_seed], body[n_seed:]
+    return body[:n_seed], body[n_seed : n_seed + n_key], body[n_seed + n_key :]
 
 
 def session_digest(session: str) -> bytes:

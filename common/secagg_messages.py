@@ -3,9 +3,11 @@
 Flower's message types are ``<category>.<identifier>``, so the rounds are ``query.secagg_advertise``,
 ``query.secagg_share``, ``query.secagg_mask`` and ``query.secagg_unmask``. Node ids travel as uint64
 arrays, keys and shares as uint8 arrays (lists of byte strings as a flat array plus lengths). Every
-reply may be a refusal (``refused``, ``reason``) and then carries nothing else. A reply's
-``decoded(**expect)`` checks it against what the server sent (shapes, dtypes, the modulus), so the
-driver only ever handles well-formed values.
+reply may be a refusal (``refused``, ``reason``) and then carries nothing else, except a mask round's
+blame (the peers whose shares this node could not use, and its session's decryption key as the
+evidence the server checks). A reply's ``decoded(**expect)`` checks it against what the server sent
+(shapes, dtypes, the modulus), so the driver only ever handles well-formed values. Identities and
+signatures (``common/secagg_identity.py``) are empty arrays where a node has no identity.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.codec import PayloadError
-from common.secagg import NODE_IDS, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
+from common.secagg import NODE_IDS, PRIVATE_KEY_BYTES, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
+
+COMMITMENT_BYTES = 32
+MAX_SIGNATURE_BYTES = 80
 
 ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
@@ -50,21 +55,31 @@ class AdvertiseKeys:
     bound: int
     length: int
     min_inputs: int = 0
+    deposit: str = ""  # the deposit this sum sums ("": the session's own name); a re-formed sum reuses it
 
 
 @dataclass
 class AdvertiseReply:
-    """The node's two fresh public keys (masks, and the encryption of its shares), or its refusal."""
+    """The node's two fresh public keys (masks, and the encryption of its shares) and, where it has
+    an identity, that identity's public key and its signature on both keys for this session."""
 
     refused: bool
     reason: str
     mask_key: np.ndarray | None = None
     cipher_key: np.ndarray | None = None
+    identity: np.ndarray | None = None  # uint8 (33,) or (0,)
+    signature: np.ndarray | None = None  # uint8, DER; (0,) without an identity
 
     def decoded(self) -> AdvertiseReply:
         _carries(self, "mask_key", "cipher_key")
         for key in (self.mask_key, self.cipher_key):
             _check(key is None or (key.dtype == np.uint8 and key.shape == (PUBLIC_KEY_BYTES,)), "a malformed key")
+        for field, sizes in (("identity", (0, PUBLIC_KEY_BYTES)), ("signature", range(MAX_SIGNATURE_BYTES + 1))):
+            value = getattr(self, field)
+            _check(
+                value is None or (value.dtype == np.uint8 and value.ndim == 1 and value.size in sizes),
+                f"a malformed {field}",
+            )
         return self
 
 
@@ -77,6 +92,9 @@ class ShareKeys:
     neighbours: np.ndarray  # uint64 node ids
     mask_keys: np.ndarray  # uint8 (n, 33)
     cipher_keys: np.ndarray  # uint8 (n, 33)
+    identities: np.ndarray | None = None  # uint8 (n, 33); a row of zeros: that neighbour has no identity
+    signatures: np.ndarray | None = None  # uint8, flat: each neighbour's advertise signature
+    signature_lengths: np.ndarray | None = None  # uint32, one per neighbour
 
 
 @dataclass
@@ -89,15 +107,18 @@ class ShareReply:
     recipients: np.ndarray | None = None  # uint64
     ciphertexts: np.ndarray | None = None  # uint8, flat
     lengths: np.ndarray | None = None  # uint32, one per recipient
+    seed_commitment: np.ndarray | None = None  # uint8 (32,): what its self-mask seed must rebuild to
 
     def decoded(self, *, neighbours: set[int]) -> ShareReply:
-        _carries(self, "recipients", "ciphertexts", "lengths")
+        _carries(self, "recipients", "ciphertexts", "lengths", "seed_commitment")
         if self.refused:
             return self
         _check(self.recipients.dtype == NODE_IDS and self.lengths.size == self.recipients.size, "malformed recipients")
         _check(set(self.recipients.tolist()) == neighbours, "ciphertexts for other nodes than its neighbours")
         _check(self.recipients.size == len(neighbours), "two ciphertexts for one neighbour")
         _check(int(self.lengths.astype(np.int64).sum()) == self.ciphertexts.size, "lengths do not cover the bytes")
+        c = self.seed_commitment
+        _check(c.dtype == np.uint8 and c.shape == (COMMITMENT_BYTES,), "a malformed seed commitment")
         return self
 
 
@@ -119,10 +140,18 @@ class MaskedInput:
     refused: bool
     reason: str
     masked: np.ndarray | None = None
+    blamed: np.ndarray | None = None  # uint64: with a refusal, the senders whose shares it could not use
+    evidence: np.ndarray | None = None  # uint8 (32,): its session's decryption key, so the server checks the blame
 
     def decoded(self, *, length: int, bits: int) -> MaskedInput:
         _carries(self, "masked")
         if self.refused:
+            blamed, evidence = self.blamed, self.evidence
+            _check(blamed is None or (blamed.dtype == NODE_IDS and blamed.ndim == 1), "malformed blamed ids")
+            _check(
+                evidence is None or (evidence.dtype == np.uint8 and evidence.shape == (PRIVATE_KEY_BYTES,)),
+                "bad evidence",
+            )
             return self
         m = self.masked
         _check(m.dtype == mask_dtype(bits) and m.shape == (length,), f"a masked vector of {m.dtype} {m.shape}")
@@ -150,6 +179,11 @@ class UnmaskReply:
     seed_shares: np.ndarray | None = None  # uint8 (n, share bytes)
     key_owners: np.ndarray | None = None
     key_shares: np.ndarray | None = None
+    # each share's owner's signature (flat + lengths, rows as above; empty where the owner has no identity)
+    seed_signatures: np.ndarray | None = None
+    seed_signature_lengths: np.ndarray | None = None
+    key_signatures: np.ndarray | None = None
+    key_signature_lengths: np.ndarray | None = None
 
     def decoded(self, *, seed_owners: set[int], key_owners: set[int]) -> UnmaskReply:
         _carries(self, "seed_owners", "seed_shares", "key_owners", "key_shares")
@@ -162,6 +196,15 @@ class UnmaskReply:
             _check(owners.dtype == NODE_IDS and shares.dtype == np.uint8, "malformed owners or shares")
             _check(shares.ndim == 2 and shares.shape[0] == owners.size, "one share row per owner")
             _check(set(owners.tolist()) == asked and owners.size == len(asked), "shares of other nodes than asked")
+        for flat, lengths, owners in (
+            (self.seed_signatures, self.seed_signature_lengths, self.seed_owners),
+            (self.key_signatures, self.key_signature_lengths, self.key_owners),
+        ):
+            if flat is None and lengths is None:
+                continue
+            _check(flat is not None and lengths is not None, "signatures without their lengths")
+            _check(flat.dtype == np.uint8 and lengths.size == owners.size, "one signature per share")
+            _check(int(lengths.astype(np.int64).sum()) == flat.size, "signature lengths do not cover the bytes")
         return self
 
 

@@ -222,7 +222,7 @@ def _round(
     state.failed.update(outcome.failed_nodes)
     errors = {r.node_id: bounded(r.error) for r in exchange.replies if r.error}
     for node in outcome.failed_nodes:
-        reason = errors.get(node) or "malformed answer (see notes)"
+        reason = errors.get(node) or outcome.failure_reasons.get(node) or "malformed answer (see notes)"
         state.failures[_client_key(strategy, node)] = f"step {step}: {reason}"
     for note in outcome.notes:
         note = bounded(note)  # a note may quote a client's words: never let one flood the log or checkpoint

@@ -9,7 +9,7 @@ from typing import Any
 
 from common.comm import CommCounter
 from common.methods.protocol import StepOutcome, SumRequest, SumResult
-from common.secagg import SecAggError
+from common.secagg import SecAggError, cohort_graph
 
 from .secure_sum import secure_sum
 from .session import Transport
@@ -32,27 +32,60 @@ class _Counted:
         return exchange
 
 
+MAX_SUM_ATTEMPTS = 3  # a sum and up to two re-formed ones (a node offers a deposit to at most 4)
+
+
 def run_requested(
-    transport: Transport, request: SumRequest, count: Callable[[Any], None], timeout_s: float | None = None
+    transport: Transport,
+    request: SumRequest,
+    count: Callable[[Any], None],
+    timeout_s: float | None = None,
 ) -> SumResult:
     """The sum a method's server side asked for (``SumRequest``), its bytes counted by ``count``; a
-    parameter no node would accept aborts it (nothing is revealed) rather than the run."""
-    try:
-        result = secure_sum(
-            _Counted(transport, count),
-            request.nodes,
-            bound=request.bound,
-            length=request.length,
-            threshold=request.threshold,
-            degree=request.degree,
-            session=request.session,
-            timeout_s=timeout_s,
-            min_inputs=request.min_inputs,
-        )
-    except SecAggError as err:
-        return SumResult(request.session, aborted=f"the sum's parameters are refused: {err}")
+    parameter no node would accept aborts it (nothing is revealed) rather than the run. A sum that
+    aborts because of named culprits is re-formed without them over the same deposits (no node is
+    charged again), at most ``MAX_SUM_ATTEMPTS`` times in all. A sum rejected for an out-of-range
+    input says whose inputs it held (``suspects``): the method narrows them down over sums."""
+    peers = getattr(transport, "secagg_peers", None)
+    nodes, culprits, dropouts = list(request.nodes), {}, {}
+    result = None
+    for attempt in range(1, MAX_SUM_ATTEMPTS + 1):
+        degree, threshold = _graph(request, len(nodes))
+        try:
+            result = secure_sum(
+                _Counted(transport, count),
+                nodes,
+                bound=request.bound,
+                length=request.length,
+                threshold=threshold,
+                degree=degree,
+                session=request.session if attempt == 1 else f"{request.session}.r{attempt}",
+                deposit="" if attempt == 1 else request.session,
+                timeout_s=timeout_s,
+                min_inputs=request.min_inputs,
+                peers=peers,
+                seen=request.seen,
+            )
+        except SecAggError as err:
+            why = f"the sum's parameters are refused: {err}"
+            return SumResult(request.session, aborted=why, dropouts=dropouts, culprits=culprits, attempts=attempt)
+        culprits.update(result.culprits)
+        dropouts.update(result.dropouts)
+        nodes = [n for n in nodes if n not in culprits]
+        if result.revealed or not result.culprits or len(nodes) < max(request.min_inputs, 3):
+            break
     survivors = result.survivors if result.revealed else []
-    return SumResult(request.session, survivors, result.sum, result.aborted, dict(result.dropouts))
+    suspects = result.survivors if result.out_of_range else []
+    return SumResult(request.session, survivors, result.sum, result.aborted, dropouts, culprits, attempt, suspects)
+
+
+def _graph(request: SumRequest, size: int) -> tuple[int, int]:
+    """(degree, threshold) of a sum over ``size`` of the request's nodes: its own for the first sum, the
+    same construction for a re-formed, smaller one (complete stays complete)."""
+    if size == len(request.nodes):
+        return request.degree, request.threshold
+    complete = request.degree >= len(request.nodes) - 1
+    return cohort_graph(size, 0 if complete else request.degree, request.min_inputs)
 
 
 def count_bytes(node_client: dict[int, int], comm: CommCounter, exchange: Any) -> None:

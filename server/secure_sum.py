@@ -8,10 +8,17 @@ the masks of the inputs in the sum: the sum is all it learns. Nodes that fail, t
 answer malformed are dropouts; dropouts after their keys were shared are recovered exactly from t
 shares; fewer than t inputs, or a secret with fewer than t shares, abort the sum (nothing is
 unmasked). An unmasked sum outside ±n·bound (n inputs) betrays an input outside its range: rejected.
+
+A rogue peer is named, not just dropped (``secure_checks.py``, ``SecureSumResult.culprits``): keys
+that do not verify at round 1, a ciphertext another node proves it cannot open at round 3 (the
+session is then abandoned, unmasking nothing), a masked vector replayed from an earlier sum, a share
+its owner did not sign at round 4. The caller re-forms a sum without its culprits from the same
+deposits (``server/method_sums.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -19,13 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 
 from common.codec import PayloadError
 from common.secagg import (
-    PRIVATE_KEY_BYTES,
-    SEED_BYTES,
+    PUBLIC_KEY_BYTES,
     SecAggError,
     complete_degree,
     decode_signed,
@@ -39,12 +44,14 @@ from common.secagg import (
     pairwise_sign,
     parameter_problems,
     private_key_from,
+    public_key_bytes,
     public_key_from,
     required_bits,
     self_mask,
     session_problem,
     unpack_bytes,
 )
+from common.secagg_identity import seed_commitment
 from common.secagg_messages import (
     ADVERTISE,
     MASK,
@@ -61,6 +68,7 @@ from common.secagg_messages import (
 )
 from protos import wire
 
+from .secure_checks import Advertised, HeldShare, advertise_problem, blame_culprit, rebuild
 from .session import Transport, exchange_in_chunks
 from .strategy import Outgoing
 
@@ -69,6 +77,9 @@ STAGES = ("advertise", "share", "mask", "unmask")
 
 class Aborted(Exception):
     """The sum cannot be revealed; the message says why (nothing is unmasked)."""
+
+
+EMPTY = np.zeros(0, np.uint8)
 
 
 @dataclass
@@ -87,7 +98,9 @@ class SecureSumResult:
     sum_mod: np.ndarray | None = None  # uint64: the same sum's residues mod 2^bits
     survivors: list[int] = field(default_factory=list)  # the nodes whose inputs are in the sum
     dropouts: dict[int, str] = field(default_factory=dict)  # node -> "round: why"
+    culprits: dict[int, str] = field(default_factory=dict)  # node -> what it did (named on evidence)
     aborted: str = ""
+    out_of_range: bool = False  # rejected: the unmasked sum betrayed an input outside its range
     bytes_by_stage: dict[str, dict[str, int]] = field(default_factory=dict)  # round -> down, up (all nodes)
     seconds_by_stage: dict[str, float] = field(default_factory=dict)
 
@@ -109,12 +122,18 @@ class _Run:
     params: dict[str, int]  # what AdvertiseKeys declares: cohort, threshold, degree, bits, bound, length
     graph: dict[int, set[int]]
     timeout_s: float | None
+    peers: frozenset[bytes] | None = None  # the federation's published identities, when the server has them
+    seen: set[bytes] | None = None  # digests of every masked vector of the caller's earlier sums
     active: set[int] = field(default_factory=set)
-    mask_keys: dict[int, bytes] = field(default_factory=dict)
-    cipher_keys: dict[int, bytes] = field(default_factory=dict)
+    advertised: dict[int, Advertised] = field(default_factory=dict)
+    commitments: dict[int, bytes] = field(default_factory=dict)  # node -> its seed commitment
     inbox: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)  # recipient -> (sender, token)
     partners: dict[int, list[int]] = field(default_factory=dict)  # node -> the senders it masked with
     total: np.ndarray | None = None  # Σ masked inputs, uint64
+    refusals: dict[int, Any] = field(default_factory=dict)  # the last round's refusals, by node
+
+    def mask_key(self, node: int) -> bytes:
+        return self.advertised[node].mask_key
 
     @property
     def length(self) -> int:
@@ -137,6 +156,11 @@ class _Run:
         self.active.discard(node)
         self.result.dropouts.setdefault(node, f"{stage}: {why}")
 
+    def blame(self, node: int, stage: str, why: str) -> None:
+        """``node`` did what no honest node does: out of this sum, and named."""
+        self.result.culprits.setdefault(node, f"{stage}: {why}")
+        self.drop(node, stage, f"named: {why}")
+
 
 def secure_sum(
     transport: Transport,
@@ -151,6 +175,9 @@ def secure_sum(
     timeout_s: float | None = None,
     rng: secrets.SystemRandom | None = None,
     min_inputs: int = 0,
+    deposit: str = "",
+    peers: frozenset[bytes] | None = None,
+    seen: set[bytes] | None = None,
 ) -> SecureSumResult:
     """The sum of the integer vectors (``length`` coordinates in [-bound, bound]) that ``nodes`` hold
     for ``session`` (deposited on each node, ``client.secure_sum.deposit_input``), mod 2^bits.
@@ -160,7 +187,11 @@ def secure_sum(
     of degree + 1, and the fewest inputs a revealed sum may hold; ``bits``: default
     ``required_bits(c, bound)``; ``min_inputs``: the fewest inputs a revealed sum may hold when that is
     more than the threshold (a sparse graph's threshold is a neighbourhood's; distributed noise is
-    calibrated for this floor). Raises SecAggError for parameters no node would accept."""
+    calibrated for this floor); ``deposit``: the deposit the nodes sum ("": the session's name; a
+    re-formed sum names the first one's); ``peers``: the federation's published identities (a node
+    advertising another is named); ``seen``: digests of the masked vectors of the caller's earlier
+    sums (a node replaying one is named), updated. Raises SecAggError for parameters no node would
+    accept."""
     cohort = sorted(set(nodes))
     degree = complete_degree(len(cohort)) if degree is None else degree
     bits = required_bits(len(cohort), bound) if bits is None else bits
@@ -178,7 +209,8 @@ def secure_sum(
     if problems:
         raise SecAggError("; ".join(problems))
     result = SecureSumResult(session, cohort, threshold, degree, bits, bound, min_inputs)
-    run = _Run(result, params, neighbourhoods(cohort, degree, rng), timeout_s, active=set(cohort))
+    graph = neighbourhoods(cohort, degree, rng)
+    run = _Run(result, {**params, "deposit": deposit}, graph, timeout_s, peers, seen, active=set(cohort))
     try:
         for stage in (_advertise, _share, _mask, _unmask):
             stage(transport, run)
@@ -207,7 +239,7 @@ def _round(
     run.result.seconds_by_stage[stage] = time.perf_counter() - start
     down, up = exchange.totals()
     run.result.bytes_by_stage[stage] = {"down": down, "up": up}
-    replies = {}
+    replies, run.refusals = {}, {}
     for incoming in exchange.replies:
         node = incoming.node_id
         if incoming.content is None:
@@ -219,7 +251,8 @@ def _round(
             run.drop(node, stage, f"malformed reply: {err}")
             continue
         if reply.refused:
-            run.drop(node, stage, reply.reason or "refused")
+            run.drop(node, stage, (reply.reason or "refused")[:300])
+            run.refusals[node] = reply
         else:
             replies[node] = reply
     run.active &= set(replies)
@@ -246,8 +279,29 @@ def _advertise(transport: Transport, run: _Run) -> None:
     request = AdvertiseKeys(session=run.session, **run.params)
     replies = _round(transport, run, "advertise", dict.fromkeys(run.active, request), AdvertiseReply, lambda n: {})
     for node, reply in replies.items():
-        run.mask_keys[node], run.cipher_keys[node] = reply.mask_key.tobytes(), reply.cipher_key.tobytes()
+        keys = Advertised(*(_raw(getattr(reply, f)) for f in ("mask_key", "cipher_key", "identity", "signature")))
+        problem = advertise_problem(node, run.session, keys, run.peers)
+        if problem:
+            run.blame(node, "advertise", problem)
+        else:
+            run.advertised[node] = keys
+    _one_node_one_identity(run)
     _keep_neighbourhoods(run, "advertise")
+
+
+def _raw(value: np.ndarray | None) -> bytes:
+    return b"" if value is None else value.tobytes()
+
+
+def _one_node_one_identity(run: _Run) -> None:
+    """Two node ids under one identity are one node posing as two (a sybil): both are named."""
+    owners: dict[bytes, list[int]] = {}
+    for node in sorted(run.active):
+        if run.advertised[node].identity:
+            owners.setdefault(run.advertised[node].identity, []).append(node)
+    for nodes in owners.values():
+        for node in nodes if len(nodes) > 1 else []:
+            run.blame(node, "advertise", f"its identity is also node(s) {[n for n in nodes if n != node]}'s")
 
 
 def _share(transport: Transport, run: _Run) -> None:
@@ -258,6 +312,7 @@ def _share(transport: Transport, run: _Run) -> None:
     run.inbox = {v: [] for v in run.active}
     for sender in sorted(run.active):
         reply = replies[sender]
+        run.commitments[sender] = reply.seed_commitment.tobytes()
         tokens = unpack_bytes(reply.ciphertexts, reply.lengths)
         for recipient, token in zip(reply.recipients.tolist(), tokens, strict=True):
             if recipient in run.active:  # a pair of nodes that both shared: each masks with the other
@@ -265,10 +320,20 @@ def _share(transport: Transport, run: _Run) -> None:
 
 
 def _share_keys(run: _Run, neighbours: list[int]) -> ShareKeys:
-    def table(keys: dict[int, bytes]) -> np.ndarray:
-        return np.frombuffer(b"".join(keys[n] for n in neighbours), np.uint8).reshape(len(neighbours), -1)
+    def table(field: str) -> np.ndarray:
+        rows = [getattr(run.advertised[n], field) or bytes(PUBLIC_KEY_BYTES) for n in neighbours]
+        return np.frombuffer(b"".join(rows), np.uint8).reshape(len(neighbours), -1)
 
-    return ShareKeys(run.session, node_ids(neighbours), table(run.mask_keys), table(run.cipher_keys))
+    signatures, lengths = pack_bytes([run.advertised[n].signature for n in neighbours])
+    return ShareKeys(
+        run.session,
+        node_ids(neighbours),
+        table("mask_key"),
+        table("cipher_key"),
+        identities=table("identity"),
+        signatures=signatures,
+        signature_lengths=lengths,
+    )
 
 
 def _mask(transport: Transport, run: _Run) -> None:
@@ -279,6 +344,8 @@ def _mask(transport: Transport, run: _Run) -> None:
         payloads[v] = MaskInput(run.session, node_ids(run.partners[v]), flat, lengths)
     expect = {"length": run.length, "bits": run.result.bits}
     replies = _round(transport, run, "mask", payloads, MaskedInput, lambda v: expect)
+    _judge_blames(run)
+    _no_replays(run, replies)
     if len(replies) < run.floor:
         raise Aborted(f"only {len(replies)} masked inputs arrived, below the floor {run.floor}: nothing is unmasked")
     run.total = np.zeros(run.length, np.uint64)
@@ -289,6 +356,39 @@ def _mask(transport: Transport, run: _Run) -> None:
         holders = 1 + len(set(run.partners[v]) & run.active)
         if holders < run.threshold:
             raise Aborted(f"the input of node {v} has {holders} holders left, below threshold {run.threshold}")
+
+
+def _judge_blames(run: _Run) -> None:
+    """Each blamed peer judged once, on one accuser's proof (``secure_checks.blame_culprit``); any
+    blame abandons the session: a proof opens one pair's ciphertexts, so nothing of it is unmasked."""
+    judged: set[int] = set()
+    for accuser in sorted(run.refusals):
+        reply = run.refusals[accuser]
+        if reply.blamed is None or reply.evidence is None or len(reply.blamed) != len(reply.evidence):
+            continue
+        for accused, proof in zip(reply.blamed.tolist(), reply.evidence, strict=True):
+            if accused in judged or accuser in run.result.culprits:
+                continue
+            judged.add(accused)
+            token = dict(run.inbox.get(accuser, [])).get(accused)
+            culprit, why = blame_culprit(run.session, accuser, accused, proof.tobytes(), token, run.advertised)
+            run.blame(culprit, "mask", why)
+    if judged:
+        raise Aborted(f"round 'mask': {len(judged)} peer(s) blamed; the session is abandoned, nothing is unmasked")
+
+
+def _no_replays(run: _Run, replies: dict[int, MaskedInput]) -> None:
+    """A masked vector one of the caller's earlier sums already saw: masks are fresh per session, so
+    only a replay repeats one. Its sender is named and is out of this sum (a dropout after sharing)."""
+    if run.seen is None:
+        return
+    for node in sorted(replies):
+        fingerprint = hashlib.sha256(replies[node].masked.tobytes()).digest()
+        if fingerprint in run.seen:
+            run.blame(node, "mask", "it replayed a masked vector of an earlier sum")
+            del replies[node]
+        else:
+            run.seen.add(fingerprint)
 
 
 def _unmask(transport: Transport, run: _Run) -> None:
@@ -303,50 +403,65 @@ def _unmask(transport: Transport, run: _Run) -> None:
     seed_shares, key_shares = _collect_shares(replies)
     total = run.total
     for u in sorted(survivors):
-        seed = _rebuild(seed_shares.get(u, []), run.threshold, f"the self-mask seed of node {u}", SEED_BYTES)
+        seed = _rebuild(run, u, seed_shares.get(u, []), "seed")
         total = total - self_mask(seed, run.length, run.result.bits, session=run.session)
     for u in sorted({u for alive, gone in lists.values() for u in gone}):
         total = _remove_pair_masks(run, total, u, key_shares.get(u, []), survivors)
     _reveal(run, total & modulus_mask(run.result.bits))
 
 
-def _collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[bytes]], dict[int, list[bytes]]]:
-    """owner -> the shares of its seed, and of its mask key, that the holders sent."""
-    seeds: dict[int, list[bytes]] = {}
-    keys: dict[int, list[bytes]] = {}
-    for reply in replies.values():
-        for owner, row in zip(reply.seed_owners.tolist(), reply.seed_shares, strict=True):
-            seeds.setdefault(owner, []).append(row.tobytes())
-        for owner, row in zip(reply.key_owners.tolist(), reply.key_shares, strict=True):
-            keys.setdefault(owner, []).append(row.tobytes())
+def _collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[HeldShare]], dict[int, list[HeldShare]]]:
+    """owner -> the shares of its seed, and of its mask key, that the holders sent (with what checks them)."""
+    seeds: dict[int, list[HeldShare]] = {}
+    keys: dict[int, list[HeldShare]] = {}
+    for holder, reply in sorted(replies.items()):
+        for owners, shares, flat, lengths, out in (
+            (reply.seed_owners, reply.seed_shares, reply.seed_signatures, reply.seed_signature_lengths, seeds),
+            (reply.key_owners, reply.key_shares, reply.key_signatures, reply.key_signature_lengths, keys),
+        ):
+            proofs = unpack_bytes(flat, lengths) if flat is not None else [b""] * owners.size
+            for owner, row, proof in zip(owners.tolist(), shares, proofs, strict=True):
+                out.setdefault(owner, []).append(HeldShare(holder, row.tobytes(), proof[:32], proof[32:]))
     return seeds, keys
 
 
-def _rebuild(shares: list[bytes], threshold: int, what: str, size: int) -> bytes:
-    """The ``size``-byte secret ``shares`` rebuild (Flower's Shamir, from exactly t of them);
-    Aborted if fewer, or if they rebuild something else."""
-    if len(shares) < threshold:
-        raise Aborted(f"{what} has {len(shares)} shares, below threshold {threshold}: nothing is unmasked")
-    try:
-        secret = combine_shares(shares[:threshold])
-    except ValueError as err:
-        raise Aborted(f"{what} cannot be rebuilt from its shares ({err})") from err
-    if len(secret) != size:
-        raise Aborted(f"{what} rebuilt to {len(secret)} bytes, not {size}")
+def _rebuild(run: _Run, owner: int, shares: list[HeldShare], kind: str) -> bytes:
+    """``owner``'s seed (checked against its commitment) or mask key (against its public key), from
+    the holders' shares; culprits named on the way; Aborted if it cannot be rebuilt."""
+    if kind == "seed":
+        commitment = run.commitments.get(owner, b"")
+
+        def sound(secret: bytes) -> bool:
+            return seed_commitment(run.session, owner, secret) == commitment
+    else:
+        mask_key = run.mask_key(owner)
+
+        def sound(secret: bytes) -> bool:
+            try:
+                return public_key_bytes(private_key_from(secret)) == mask_key
+            except SecAggError:
+                return False
+
+    identity = run.advertised[owner].identity
+    secret, culprits, why = rebuild(
+        run.session, owner, shares, run.threshold, kind=kind, identity=identity, sound=sound
+    )
+    for node, what in culprits.items():
+        run.result.culprits.setdefault(node, f"unmask: {what}")
+    if secret is None:
+        raise Aborted(f"{why}: nothing is unmasked")
     return secret
 
 
-def _remove_pair_masks(run: _Run, total: np.ndarray, u: int, shares: list[bytes], survivors: set[int]) -> np.ndarray:
+def _remove_pair_masks(
+    run: _Run, total: np.ndarray, u: int, shares: list[HeldShare], survivors: set[int]
+) -> np.ndarray:
     """``total`` without the masks the survivors share with ``u``, which dropped after sharing: its
-    mask key rebuilt from t shares, each pair's key agreed again with the survivor's public key."""
-    try:
-        mask_sk = private_key_from(
-            _rebuild(shares, run.threshold, f"the mask key of dropped node {u}", PRIVATE_KEY_BYTES)
-        )
-    except SecAggError as err:
-        raise Aborted(f"the mask key of dropped node {u} is not a key: {err}") from err
+    mask key rebuilt from t shares (checked against its public key), each pair's key agreed again
+    with the survivor's public key."""
+    mask_sk = private_key_from(_rebuild(run, u, shares, "key"))
     for v in sorted(w for w in survivors if u in run.partners[w]):
-        shared = generate_shared_key(mask_sk, public_key_from(run.mask_keys[v]))
+        shared = generate_shared_key(mask_sk, public_key_from(run.mask_key(v)))
         mask = pair_mask(shared, run.length, run.result.bits, session=run.session, pair=(u, v))
         total = total - mask if pairwise_sign(v, u) > 0 else total + mask  # undo what v added
     return total
@@ -359,6 +474,7 @@ def _reveal(run: _Run, residues: np.ndarray) -> None:
     limit = len(run.result.survivors) * run.result.bound
     outside = np.flatnonzero((signed < -limit) | (signed > limit))
     if outside.size:
+        run.result.out_of_range = True
         i = int(outside[0])
         raise Aborted(
             f"the unmasked sum is outside ±{limit} (= {len(run.result.survivors)} inputs × range {run.result.bound}) "

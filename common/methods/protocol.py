@@ -48,6 +48,7 @@ class StepOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     exhausted_nodes: list[int] = field(default_factory=list)
     failed_nodes: list[int] = field(default_factory=list)
+    failure_reasons: dict[int, str] = field(default_factory=dict)  # node -> why it failed, where a method knows
     notes: list[str] = field(default_factory=list)
     # The step's requests go out over several rounds (DP-MERF's collection, a chunk of clients at a
     # time): this round's answers count, and the generator moves after the last round.
@@ -68,6 +69,7 @@ class SumRequest:
     threshold: int
     degree: int
     min_inputs: int
+    seen: set[bytes] | None = None  # the run's masked-vector digests (a replayed masked vector is named)
 
 
 @dataclass
@@ -80,6 +82,9 @@ class SumResult:
     total: Any = None  # numpy int64 vector, or None
     aborted: str = ""
     dropouts: dict[int, str] = field(default_factory=dict)
+    culprits: dict[int, str] = field(default_factory=dict)  # node -> what it did: named on evidence, never asked again
+    attempts: int = 1  # sums run: a sum aborted by named culprits is re-formed without them
+    suspects: list[int] = field(default_factory=list)  # a sum rejected for an out-of-range input: its inputs' nodes
 
 
 @dataclass

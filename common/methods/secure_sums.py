@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from common.methods import ExperimentConfig
     from common.privacy import PrivacyEvent
 
+MAX_STEP_ATTEMPTS = 3  # attempts at one step whose sums reveal nothing before the step is given up
+MAX_SEEN = 200_000  # masked-vector digests kept for replay detection (6 MB); then the oldest are forgotten
 KIND_SECURE_SUM = "per client, server runs the secure sum"
 KIND_DEVIATING = "per client, server deviates from the secure sum"
 COLLUSION = "{collusion}"  # where a method's rule names the collusion it assumes (``secure_rule``)
@@ -115,6 +117,9 @@ class SecureSums:
         self.pending: dict[str, list[int]] = {}  # session -> the nodes that deposited for it
         self.session_of: dict[int, str] = {}
         self.sums: list[dict[str, Any]] = []  # one entry per sum run: inputs, dropouts, why it aborted
+        self.seen: set[bytes] = set()  # digests of the masked vectors of this run's sums (a replay is named)
+        self.spoiled: list[set[int]] = []  # the inputs of each sum an out-of-range input spoiled, since the last naming
+        self.attempts: dict[int, int] = {}  # step -> attempts whose sums revealed nothing
 
     @property
     def fewest_to_ask(self) -> int:
@@ -137,6 +142,12 @@ class SecureSums:
     def charge_own(self, client: int) -> None:
         self.own.charge(client, self.own_event)
 
+    def seen_digests(self) -> set[bytes]:
+        """The run's masked-vector digests, handed to each sum (bounded: a full set starts afresh)."""
+        if len(self.seen) > MAX_SEEN:
+            self.seen.clear()
+        return self.seen
+
     def requests(self) -> list[SumRequest]:
         """One sum per session over the nodes that deposited (none for an empty one); the pending
         sessions are handed over."""
@@ -146,18 +157,25 @@ class SecureSums:
                 continue
             degree, threshold = cohort_graph(len(nodes), self.cfg.secagg_degree, self.plan.threshold)
             floor = fewest_inputs(threshold, self.plan.threshold)
-            out.append(SumRequest(session, sorted(nodes), self.range, self.plan.dim, threshold, degree, floor))
+            request = SumRequest(session, sorted(nodes), self.range, self.plan.dim, threshold, degree, floor)
+            request.seen = self.seen_digests()
+            out.append(request)
         self.pending, self.session_of = {}, {}
         return out
 
     def total(self, results: list[SumResult], outcome: StepOutcome) -> tuple[np.ndarray | None, int]:
         """(the sum of every revealed sum, in the vectors' units; how many inputs it holds), or
-        (None, 0) when none was revealed; a note per sum that aborted or lost nodes."""
+        (None, 0) when none was revealed; a note per sum that aborted or lost nodes. Every node a sum
+        named (``SumResult.culprits``), or that every sum an out-of-range input spoiled held, is marked
+        failed in ``outcome``: the run never asks it again."""
         total, count = np.zeros(self.plan.dim, np.float64), 0
         for r in results:
-            self.sums.append({"inputs": len(r.survivors), "dropouts": len(r.dropouts), "aborted": r.aborted})
+            entry = {"inputs": len(r.survivors), "dropouts": len(r.dropouts), "aborted": r.aborted}
+            self.sums.append(entry | ({"culprits": len(r.culprits), "attempts": r.attempts} if r.culprits else {}))
+            self._exclude(r.session, r.culprits, outcome)
             if r.total is None:
                 outcome.notes.append(f"secure sum {r.session} revealed nothing: {r.aborted}")
+                self._exclude(r.session, self._spoiled_by(r.suspects), outcome)
                 continue
             if r.dropouts:
                 dropped = len(r.dropouts)
@@ -165,6 +183,38 @@ class SecureSums:
             total += np.asarray(r.total, np.float64) * self.plan.gamma
             count += len(r.survivors)
         return (total, count) if count else (None, 0)
+
+    def _exclude(self, session: str, culprits: dict[int, str], outcome: StepOutcome) -> None:
+        for node, why in sorted(culprits.items()):
+            outcome.failed_nodes.append(node)
+            outcome.failure_reasons[node] = f"named by secure sum {session}: {why}"
+            outcome.notes.append(f"secure sum {session}: node {node} is named and never asked again: {why}")
+
+    def _spoiled_by(self, suspects: list[int]) -> dict[int, str]:
+        """An out-of-range input spoils a sum without saying whose it was (inputs are masked). The
+        sums it spoiled are kept; once the nodes all of them held narrow to one, that node is named."""
+        if not suspects:
+            return {}
+        self.spoiled.append(set(suspects))
+        common = set.intersection(*self.spoiled)
+        if len(common) != 1 or len(self.spoiled) < 2:
+            return {}
+        spoiled, self.spoiled = len(self.spoiled), []
+        return {common.pop(): f"its input was in each of the {spoiled} sums an out-of-range input spoiled, no other's"}
+
+    def gave_up(self, step: int, outcome: StepOutcome) -> bool:
+        """Whether ``step`` is given up: its sums revealed nothing ``MAX_STEP_ATTEMPTS`` times (each
+        attempt's releases charged). The run then moves on without an update instead of asking the
+        same step again without end (audit 4, item 10: one rogue kept a run on one step, ε 556)."""
+        self.attempts[step] = self.attempts.get(step, 0) + 1
+        if self.attempts[step] < MAX_STEP_ATTEMPTS:
+            return False
+        outcome.took_step = True
+        outcome.notes.append(
+            f"step {step}: given up after {MAX_STEP_ATTEMPTS} attempts whose secure sums revealed nothing (each "
+            "attempt's releases are charged); the next step goes on without this one's update"
+        )
+        return True
 
     def beside(self, clients: Iterable[int], *, final: bool) -> dict[str, Any]:
         """The worst client's ε against a server that deviates, from the records of its own shares."""

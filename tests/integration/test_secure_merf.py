@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from client.app import app as client_app
-from client.secure_sum import INPUT_KEY, deposit_input
+from client.secure_deposit import INPUT_KEY, deposit_input
 from common.methods import ExperimentConfig, prepare
 from common.methods.dp_merf import secure
 from common.methods.dp_merf.features import RANDOM_FOURIER

@@ -217,9 +217,11 @@ def test_a_sum_outside_the_range_is_rejected_by_the_server(monkeypatch) -> None:
     """A rogue node that skips its own range check (patched out here, on every node of the process:
     only the rogue's input is out of range) pushes the sum beyond ±n·bound: the server says so and
     reveals no sum."""
+    import client.secure_deposit
     import client.secure_sum
 
     monkeypatch.setattr(client.secure_sum, "input_problem", lambda vector, **_: "")
+    monkeypatch.setattr(client.secure_deposit, "input_problem", lambda vector, **_: "")
     transport, nodes = cohort(3)
     vectors = {n: np.zeros(4, np.int64) for n in nodes}
     vectors[nodes[0]][2] = 5 * BOUND

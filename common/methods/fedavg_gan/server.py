@@ -152,6 +152,8 @@ class FedAvgServer(ServerBase):
         total, count = self.secure.total(results, outcome)
         if total is None:
             outcome.notes.append(f"round {step}: no secure sum was revealed; D and G unchanged")
+            if results:
+                self.secure.gave_up(step, outcome)
             return
         update = secure.unflatten(torch.from_numpy(total / self.cfg.fedavg_clients_per_round), self.cfg)
         self._finish_round(update, count, outcome)

@@ -164,10 +164,13 @@ class GsWganServer(ServerBase):
             outcome.notes.append(f"step {step}: the generator's gradient was not finite; step skipped")
 
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
-        """The revealed sum of the step's answers through G, divided by B·m (every sampled client)."""
+        """The revealed sum of the step's answers through G, divided by B·m (every sampled client); a
+        step whose sums keep revealing nothing is given up after a few attempts (``gave_up``)."""
         attached, self._attached = self._attached.get(-1), {}
         total, _ = self.secure.total(results, outcome)
         if total is None or attached is None:
+            if results:
+                self.secure.gave_up(step, outcome)
             return
         B = self.cfg.batch_size
         grads = torch.from_numpy(total.reshape(B, -1) if self.cfg.grad_dct else total.reshape(B, 1, 28, 28)).float()

@@ -112,7 +112,7 @@ def test_inputs_out_of_range_are_counted_never_quoted_int64_extremes_included() 
 
 def test_a_share_plaintext_is_bound_to_its_session_and_both_ends() -> None:
     text = secagg.share_plaintext("s1", 5, 9, b"seed-share", b"key")
-    assert secagg.parse_share_plaintext(text, session="s1", src=5, dst=9) == (b"seed-share", b"key")
+    assert secagg.parse_share_plaintext(text, session="s1", src=5, dst=9) == (b"seed-share", b"key", b"")
     for where in (dict(session="s2", src=5, dst=9), dict(session="s1", src=9, dst=5)):
         with pytest.raises(SecAggError, match="another session or pair"):
             secagg.parse_share_plaintext(text, **where)
