@@ -36,7 +36,7 @@ from common.privacy.node_ledger import (
 )
 from common.privacy.policy import POLICY_ENV, POLICY_FILE_KEY
 
-from .secure_deposit import deposit_input
+from .secure_deposit import deposit_input, node_identity
 from .state import load_ledger, load_own_ledger, load_state, save_state
 
 STATE_KEY = "fedgan"
@@ -95,10 +95,29 @@ def _cached_policy(node_config: tuple, env: str, _env_mtime: float, _file_mtime:
 
 
 def policy_refusal(context: Context, cfg: ExperimentConfig) -> str:
-    """Why this node refuses the run (""), per its own policy."""
+    """Why this node refuses the run (""), per its own policy and, through secure sums, its identity."""
     policy, problem = node_policy(context)
     reasons = [problem] if problem else policy.violations(cfg, run_terms(cfg))
+    if not problem and run_terms(cfg).secagg_cohort:
+        reasons += identity_problems(context, policy)
     return "; ".join(reasons) + f" [{policy.source}]" if reasons else ""
+
+
+def identity_problems(context: Context, policy: NodePolicy) -> list[str]:
+    """Why a node will not release through this run's secure sums for want of an identity: files that
+    cannot be used, or ``trust-secure-sum`` without any (audit 4, item 3: a node that cannot verify
+    its peers joined a "cohort of 10" whose only peer was the server's key, and was charged the
+    protocol's figure while the server recovered its deposit)."""
+    identity, broken = node_identity(dict(context.node_config), node_root(context), client_id_of(context))
+    if broken:
+        return [f"its secure-aggregation identity cannot be used: {broken}"]
+    if identity is None and policy.trust_secure_sum:
+        return [
+            "trust-secure-sum = true, but this node cannot verify its peers (no identity key and published keys: "
+            "secagg-identity, secagg-peers): a server could fill a sum with keys of its own, so the protocol's "
+            "figure would not hold for it; provision them, or count the node's own share (trust-secure-sum = false)"
+        ]
+    return []
 
 
 def own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str, version: int) -> PrivacyLedger:

@@ -439,8 +439,9 @@ def handle_unmask(message: Message, context: Context) -> Message:
     held = dict(zip(np.frombuffer(state.holders, NODE_IDS).tolist(), range(len(state.seed_shares)), strict=True))
     seed_rows = [held[n] for n in [context.node_id, *survivors]]
     key_rows = [held[n] for n in dropped]
-    seed_sigs, seed_lengths = pack_bytes([state.signatures[i] for i in seed_rows])
-    key_sigs, key_lengths = pack_bytes([state.signatures[i] for i in key_rows])
+    # each returned share travels with the other share's digest and the owner's signature on both
+    seed_sigs, seed_lengths = pack_bytes([digest(state.key_shares[i]) + state.signatures[i] for i in seed_rows])
+    key_sigs, key_lengths = pack_bytes([digest(state.seed_shares[i]) + state.signatures[i] for i in key_rows])
     width = len(state.seed_shares[0])
     keys = [state.key_shares[i] for i in key_rows]
     reply = UnmaskReply(

@@ -4,10 +4,11 @@ Flower's message types are ``<category>.<identifier>``, so the rounds are ``quer
 ``query.secagg_share``, ``query.secagg_mask`` and ``query.secagg_unmask``. Node ids travel as uint64
 arrays, keys and shares as uint8 arrays (lists of byte strings as a flat array plus lengths). Every
 reply may be a refusal (``refused``, ``reason``) and then carries nothing else, except a mask round's
-blame (the peers whose shares this node could not use, and its session's decryption key as the
-evidence the server checks). A reply's ``decoded(**expect)`` checks it against what the server sent
-(shapes, dtypes, the modulus), so the driver only ever handles well-formed values. Identities and
-signatures (``common/secagg_identity.py``) are empty arrays where a node has no identity.
+blame (the peers whose shares this node could not use, each with the pair's Diffie-Hellman point
+and a proof of it, ``common/secagg_proof.py``: the evidence the server checks). A reply's
+``decoded(**expect)`` checks it against what the server sent (shapes, dtypes, the modulus), so the
+driver only ever handles well-formed values; a node that answers malformed is named. Identities
+and signatures (``common/secagg_identity.py``) are empty arrays where a node has no identity.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.codec import PayloadError
-from common.secagg import NODE_IDS, PRIVATE_KEY_BYTES, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
+from common.secagg import NODE_IDS, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
+from common.secagg_proof import PROOF_BYTES
 
 COMMITMENT_BYTES = 32
 MAX_SIGNATURE_BYTES = 80
@@ -141,17 +143,15 @@ class MaskedInput:
     reason: str
     masked: np.ndarray | None = None
     blamed: np.ndarray | None = None  # uint64: with a refusal, the senders whose shares it could not use
-    evidence: np.ndarray | None = None  # uint8 (32,): its session's decryption key, so the server checks the blame
+    evidence: np.ndarray | None = None  # uint8 (blamed, 97): per blamed peer, the pair's point and its proof
 
     def decoded(self, *, length: int, bits: int) -> MaskedInput:
         _carries(self, "masked")
         if self.refused:
             blamed, evidence = self.blamed, self.evidence
             _check(blamed is None or (blamed.dtype == NODE_IDS and blamed.ndim == 1), "malformed blamed ids")
-            _check(
-                evidence is None or (evidence.dtype == np.uint8 and evidence.shape == (PRIVATE_KEY_BYTES,)),
-                "bad evidence",
-            )
+            shape = (0 if blamed is None else blamed.size, PROOF_BYTES)
+            _check(evidence is None or (evidence.dtype == np.uint8 and evidence.shape == shape), "malformed proofs")
             return self
         m = self.masked
         _check(m.dtype == mask_dtype(bits) and m.shape == (length,), f"a masked vector of {m.dtype} {m.shape}")
@@ -179,7 +179,8 @@ class UnmaskReply:
     seed_shares: np.ndarray | None = None  # uint8 (n, share bytes)
     key_owners: np.ndarray | None = None
     key_shares: np.ndarray | None = None
-    # each share's owner's signature (flat + lengths, rows as above; empty where the owner has no identity)
+    # per share row: the digest of the owner's other share to this holder (32 bytes), then the owner's
+    # signature on both digests (``common/secagg_identity.share_message``; none where it has no identity)
     seed_signatures: np.ndarray | None = None
     seed_signature_lengths: np.ndarray | None = None
     key_signatures: np.ndarray | None = None

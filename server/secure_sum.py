@@ -248,7 +248,7 @@ def _round(
         try:
             reply = wire.decode(reply_cls, incoming.content).decoded(**expect(node))
         except PayloadError as err:
-            run.drop(node, stage, f"malformed reply: {err}")
+            run.blame(node, stage, f"it answered malformed ({str(err)[:200]})")
             continue
         if reply.refused:
             run.drop(node, stage, (reply.reason or "refused")[:300])

@@ -18,6 +18,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+from common.secagg_identity import provision_simulated
 from protos.wire import message_wire_bytes, runtime_message
 
 from .strategy import Incoming, Outgoing
@@ -199,13 +200,20 @@ class InProcessTransport:
         node_configs: dict[int, dict] | None = None,
         batch_handlers: dict[str, BatchHandler] | None = None,
         node_state: str | Path | None = None,
+        secagg_identities: bool = False,
     ) -> None:
         """``batch_handlers``: message type -> a handler of several nodes' messages at once
         (``client.app.BATCH_HANDLERS``), used when an exchange sends that type to two or more nodes.
         ``node_state``: every node's ``state-dir`` (where it keeps its state and its own ledger, as a
-        real node's operator sets it), else ``FEDGAN_NODE_STATE`` decides, as for Flower's nodes."""
+        real node's operator sets it), else ``FEDGAN_NODE_STATE`` decides, as for Flower's nodes.
+        ``secagg_identities``: provision the nodes' secure-aggregation identities in ``node_state``
+        (``common/secagg_identity.provision_simulated``), as ``fedgan simulate`` does for a secure run;
+        the published keys become ``secagg_peers``, what the server checks advertised identities by."""
+        self.secagg_peers: frozenset[bytes] | None = None
         if node_state is not None:
             node_config = {"state-dir": str(node_state), **(node_config or {})}
+            if secagg_identities:
+                self.secagg_peers = provision_simulated(node_state, num_nodes)
         from flwr.supercore.task_identity import TaskIdentity
 
         # Flower's Message constructor reads the task identity that its runtime normally sets.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.methods import ExperimentConfig
+from common.secagg_identity import provision_simulated
 from server.reporting import RunDirectory
 
 T = TypeVar("T")
@@ -87,7 +88,9 @@ def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
 
 def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
     server_fn = _experiment_fn(cfg, run, resume, stop, "inprocess")
-    return run_on_transport(cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir)
+    return run_on_transport(
+        cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir, secure=cfg.secure_aggregation
+    )
 
 
 def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
@@ -100,6 +103,7 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: th
         parallel=cfg.parallel_clients,
         node_state=run.state_dir,
         ray=RayPlacement.of(cfg),
+        secure=cfg.secure_aggregation,
     )
 
 
@@ -119,6 +123,7 @@ def run_on_transport(
     parallel: int = 1,
     node_state: str | Path | None = None,
     ray: RayPlacement | None = None,
+    secure: bool = False,
 ) -> tuple[T | None, BaseException | None]:
     """Run ``server_fn(transport)`` with ``num_clients`` clients: in Flower's simulation runtime
     (one SuperNode per client; a client silent for ``reply_timeout_s`` once its ClientApp started is
@@ -127,10 +132,16 @@ def run_on_transport(
     ``client_app``: the project's unless a test passes another. ``node_state``: where the simulated
     nodes keep their state and their own privacy ledgers (``FEDGAN_NODE_STATE``, as the operator of
     real nodes sets their node config's ``state-dir``); the server never tells a node where.
-    ``ray``: the Ray instance Flower's simulation runs on (default: a fresh local one of our own)."""
+    ``ray``: the Ray instance Flower's simulation runs on (default: a fresh local one of our own).
+    ``secure``: the run releases through secure sums: the simulated nodes get identities in
+    ``node_state`` and the server the published keys (``common/secagg_identity.py``), as an operator
+    provisions real nodes, so each node verifies its peers."""
     from common.privacy.node_ledger import NODE_STATE_ENV
 
     from ..env import restored_env
+
+    if secure and node_state is not None:
+        server_fn = _with_peers(server_fn, provision_simulated(node_state, num_clients))
 
     # FEDGAN_NODE_STATE for this run's simulated nodes (a local Ray's actors inherit it, a cluster's get it
     # in the run's runtime_env: ray_cluster.actor_env), restored after
@@ -138,6 +149,16 @@ def run_on_transport(
         return _run_on_transport(
             num_clients, server_fn, transport, reply_timeout_s, client_app, parallel, ray or RayPlacement()
         )
+
+
+def _with_peers(server_fn: Callable[[Any], T], peers: frozenset[bytes]) -> Callable[[Any], T]:
+    """``server_fn`` on a transport that carries the federation's published identities."""
+
+    def with_peers(transport: Any) -> T:
+        transport.secagg_peers = peers
+        return server_fn(transport)
+
+    return with_peers
 
 
 def _run_on_transport(num_clients, server_fn, transport, reply_timeout_s, client_app, parallel, ray):

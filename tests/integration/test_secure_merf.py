@@ -107,14 +107,17 @@ def test_the_revealed_mean_is_the_mean_of_what_the_nodes_deposited(tmp_path) -> 
 
 def test_a_node_minimum_noise_counts_its_own_share_unless_it_trusts_the_protocol(tmp_path) -> None:
     """σ = 1, t = 3: the sum carries σ = 1, a node's share σ/√3 ≈ 0.58. A node demanding 0.8 refuses
-    by default and takes part when its policy trusts the secure sum."""
+    by default and takes part when its policy trusts the secure sum, which it may only where it can
+    verify its peers (its identity and the federation's published keys: audit 4, item 3)."""
     cfg = secure_cfg(tmp_path / "a")
     with pytest.raises(
         NodeRefused, match=r"noise multiplier 0\.57735 .* below the node's minimum 0\.8 \(its own share"
     ):
         run_inprocess(cfg, node_config={"privacy-min-noise-multiplier": "0.8"})
     trusting = {"privacy-min-noise-multiplier": "0.8", "privacy-trust-secure-sum": "true"}
-    _, ran = run_inprocess(secure_cfg(tmp_path / "b"), node_config=trusting)
+    with pytest.raises(NodeRefused, match=r"trust-secure-sum = true, but this node cannot verify its peers"):
+        run_inprocess(secure_cfg(tmp_path / "b"), node_config=trusting)
+    _, ran = run_inprocess(secure_cfg(tmp_path / "c"), node_config=trusting, secagg_identities=True)
     assert ran["status"] == "completed" and all(c["queries"] == 1 for c in ran["clients"])
 
 
