@@ -111,7 +111,7 @@ class ServerBase:
         """This run's releases go through secure sums (``secure_sums.py``): the headline is the
         guarantee against a server that runs the protocol (``rule``), a deposit is charged as
         ``plan`` fixes (``planned``), and the figure beside the headline is the deviating server's."""
-        self.secure = SecureSums(self.cfg, plan, void)
+        self.secure = SecureSums(self.cfg, plan, void, self.client_of)
         k = self.cfg.secagg_colluders
         self.epsilon_kind, self.accounting = secure_kind(k), secure_rule(rule, k)
         self.planned = release_events(plan, void)[0]

@@ -11,7 +11,7 @@ acknowledged. What it learns is each revealed sum and how many inputs it holds.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -109,8 +109,10 @@ def collusion_sentence(plan: SecureSumPlan, ledgers: Mapping[int, PrivacyLedger]
 class SecureSums:
     """What a method's server keeps for its secure sums (one per run)."""
 
-    def __init__(self, cfg: ExperimentConfig, plan: SecureSumPlan, void: str = "") -> None:
-        self.cfg, self.plan = cfg, plan
+    def __init__(
+        self, cfg: ExperimentConfig, plan: SecureSumPlan, void: str = "", client_of: Callable[[int], int] = int
+    ) -> None:
+        self.cfg, self.plan, self.client_of = cfg, plan, client_of
         self.range = coordinate_range(plan)
         self.own_event = release_events(plan, void)[1]
         self.own = ClientRecords(cfg.delta)  # the second guarantee, charged like the headline's records
@@ -174,21 +176,33 @@ class SecureSums:
             self.sums.append(entry | ({"culprits": len(r.culprits), "attempts": r.attempts} if r.culprits else {}))
             self._exclude(r.session, r.culprits, outcome)
             if r.total is None:
+                lost = {n: why for n, why in r.dropouts.items() if n not in r.culprits}
                 outcome.notes.append(f"secure sum {r.session} revealed nothing: {r.aborted}")
+                if lost:
+                    outcome.notes.append(f"secure sum {r.session}: {self._who(lost)} dropped")
                 self._exclude(r.session, self._spoiled_by(r.suspects), outcome)
                 continue
-            if r.dropouts:
-                dropped = len(r.dropouts)
-                outcome.notes.append(f"secure sum {r.session}: {dropped} node(s) dropped, the sum holds the rest")
+            dropped = {n: why for n, why in r.dropouts.items() if n not in r.culprits}
+            if dropped:
+                outcome.notes.append(f"secure sum {r.session}: {self._who(dropped)} dropped, the sum holds the rest")
             total += np.asarray(r.total, np.float64) * self.plan.gamma
             count += len(r.survivors)
         return (total, count) if count else (None, 0)
+
+    def _who(self, dropped: dict[int, str], shown: int = 5) -> str:
+        """The clients that dropped and why, the first few by name (audit 4: dropouts went unnamed)."""
+        named = "; ".join(f"client {self.client_of(n)} ({why[:120]})" for n, why in sorted(dropped.items())[:shown])
+        more = f"; {len(dropped) - shown} more" if len(dropped) > shown else ""
+        return f"{len(dropped)} node(s): {named}{more}"
 
     def _exclude(self, session: str, culprits: dict[int, str], outcome: StepOutcome) -> None:
         for node, why in sorted(culprits.items()):
             outcome.failed_nodes.append(node)
             outcome.failure_reasons[node] = f"named by secure sum {session}: {why}"
-            outcome.notes.append(f"secure sum {session}: node {node} is named and never asked again: {why}")
+            client = self.client_of(node)
+            outcome.notes.append(
+                f"secure sum {session}: client {client} (node {node}) is named and never asked again: {why}"
+            )
 
     def _spoiled_by(self, suspects: list[int]) -> dict[int, str]:
         """An out-of-range input spoils a sum without saying whose it was (inputs are masked). The

@@ -32,6 +32,7 @@ from typing import Any
 
 from client.worker import PRIVATE_NETWORK_KEY
 from common.private_paths import CLIENT_STATE, mark_private
+from common.secagg_identity import provision
 
 from . import netns, pki
 from .processes import spawn, terminate
@@ -176,6 +177,8 @@ class LocalDeployment:
         self._start_superlink()
         self._write_flwr_config()
         keys = self._register_keys() if self.auth else [None] * self.num_nodes
+        # each node's secure-aggregation identity in its own state, the published keys in every one
+        provision({i: self.workdir / "nodes" / str(i) / "state" for i in range(self.num_nodes)})
         for i in range(self.num_nodes):
             self.nodes.append(self.start_supernode(i, key=keys[i], host=hosts[i] if hosts else None))
 

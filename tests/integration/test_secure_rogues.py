@@ -188,3 +188,20 @@ def test_one_rogue_is_named_and_the_run_completes_without_charging_the_honest_fo
     assert sum(c["queries"] for c in summary["clients"]) == cfg.clients_per_step * (cfg.steps + lost)
     if kind != "out-of-range input":
         assert lost == 0, sums
+
+
+def test_a_dropout_is_named_by_its_client(tmp_path) -> None:
+    """Audit 4, item 13: dropouts were handled but never named. A node that crashes while masking is
+    a dropout (not a culprit: a crash is no evidence of bad faith), named by its client id in the
+    notes, and the sums hold the rest."""
+
+    def crashing(message, context):
+        if context.node_config["partition-id"] == ROGUE and message.metadata.message_type == MASK:
+            raise RuntimeError("the node crashed")
+        return client_app(message, context)
+
+    cfg, summary = secure_run(tmp_path / "run", crashing, steps=3)
+    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    notes = " ".join(summary["notes"])
+    assert summary["clients"][ROGUE]["queries"] > 0  # least-used first: every client is drawn in 2 steps
+    assert f"client {ROGUE} (mask:" in notes, notes
