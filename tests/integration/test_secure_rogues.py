@@ -205,3 +205,22 @@ def test_a_dropout_is_named_by_its_client(tmp_path) -> None:
     notes = " ".join(summary["notes"])
     assert summary["clients"][ROGUE]["queries"] > 0  # least-used first: every client is drawn in 2 steps
     assert f"client {ROGUE} (mask:" in notes, notes
+
+
+def test_a_rogue_in_a_dp_merf_cohort_costs_the_honest_members_nothing(tmp_path) -> None:
+    """Audit 4, item 10 (DP-MERF): a rogue aborted its whole cohort, and its honest members' one-shot
+    releases were charged and lost. Now the cohort is re-formed without it from the same deposits:
+    every honest summary is in a revealed sum, each client charged once."""
+    merf = dict(strategy="dp-merf", merf_features=20, merf_batch=4, log_every=1, sample_every=100)
+    base = dict(num_clients=8, steps=2, merf_noise_multiplier=1.0, secure_aggregation=True, secagg_cohort=4, **merf)
+    cfg = prepare(tiny_cfg(tmp_path / "run", **{**base, "secagg_threshold": 3}))
+    transport = InProcessTransport(
+        rogue_app("garbage ciphertexts"), 8, node_state=tmp_path / "nodes", secagg_identities=True
+    )
+    summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
+    assert summary["status"] == "completed", summary["notes"]
+    assert summary["clients"][ROGUE]["status"] == "failed"
+    assert "does not open to its shares" in summary["clients"][ROGUE]["failure"]
+    sums = summary["method"]["dp-merf"]["secure_aggregation"]["sums"]
+    assert sum(s["inputs"] for s in sums) == 7, sums  # every honest summary, once
+    assert all(c["queries"] == 1 for c in summary["clients"])
