@@ -235,25 +235,25 @@ def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, ve
     Reads the ledger only (the file is memory-mapped, its tensors are not touched): asking every
     client of a large federation for its ledger must not build a discriminator per client.
     """
-    cached = _CACHE.get((str(state_dir), client_id))
-    if cached is not None and cached.version == version:
-        return cached.ledger
-    path = state_path(state_dir, client_id)
-    if not path.exists():
-        return PrivacyLedger()
-    return PrivacyLedger.from_state_dict(_read_blob(path, client_id, mmap=True)["ledger"])
+    return _stored_ledger(client_id, state_dir, version, "ledger")
 
 
 def load_own_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:
     """The client's record of its secure releases against a server that deviates (its own noise
     shares, every run on this state); empty when it made none."""
+    return _stored_ledger(client_id, state_dir, version, "own_ledger")
+
+
+def _stored_ledger(client_id: int, state_dir: str | Path, version: int, key: str) -> PrivacyLedger:
+    """One of the state's ledgers (``ledger``, ``own_ledger``): the cached state's at ``version``, else
+    read from the file alone; empty when there is no file or (an older file) no such ledger."""
     cached = _CACHE.get((str(state_dir), client_id))
     if cached is not None and cached.version == version:
-        return cached.own_ledger
+        return getattr(cached, key)
     path = state_path(state_dir, client_id)
     if not path.exists():
         return PrivacyLedger()
-    stored = _read_blob(path, client_id, mmap=True).get("own_ledger")
+    stored = _read_blob(path, client_id, mmap=True).get(key)
     return PrivacyLedger() if stored is None else PrivacyLedger.from_state_dict(stored)
 
 
