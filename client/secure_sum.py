@@ -26,14 +26,11 @@ its cause and leaves the node out of that sum; the server counts it as a dropout
 from __future__ import annotations
 
 import base64
-import dataclasses
 import os
-import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.fernet import InvalidToken
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import Context, Message
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 
@@ -63,7 +60,7 @@ from common.secagg import (
     share_plaintext,
     unpack_bytes,
 )
-from common.secagg_identity import advertise_message, digest, seed_commitment, share_message, sign, verifies
+from common.secagg_identity import advertise_message, digest, seed_commitment, share_message, sign
 from common.secagg_messages import (
     ADVERTISE,
     MASK,
@@ -92,85 +89,13 @@ from .secure_deposit import (
     open_for,
     spend,
 )
+from .secure_session import SESSION_PREFIX, Session, close, load, make_room, save, signed_by_owner, verify_peers
 
 __all__ = ["HANDLERS", "deposit_input"]
-SESSION_PREFIX = "secagg."
-MAX_OPEN_SESSIONS = 8  # a server that opens sessions and never finishes them cannot fill the node's memory
-
-
-@dataclass
-class Session:
-    """One sum's state on this node: its parameters, its private keys and what it learnt since."""
-
-    stage: str  # the last round answered: advertise, share, mask
-    deposit: str  # the deposit it sums
-    cohort: int
-    threshold: int
-    degree: int
-    bits: int
-    bound: int
-    length: int
-    min_inputs: int
-    mask_sk: bytes
-    cipher_sk: bytes
-    verifies: bool = False  # the node has an identity: it checks its peers' and signs its own
-    opened_ns: int = field(default_factory=time.time_ns)
-    seed: bytes = b""
-    neighbours: bytes = b""  # uint64 ids, in the order of the key tables
-    mask_keys: bytes = b""  # their mask public keys, 33 bytes each
-    cipher_keys: bytes = b""
-    identities: bytes = b""  # their identity keys, 33 bytes each (a verifying node's, checked at round 2)
-    holders: bytes = b""  # uint64 ids whose shares this node holds (itself first)
-    seed_shares: list[bytes] = field(default_factory=list)
-    key_shares: list[bytes] = field(default_factory=list)
-    signatures: list[bytes] = field(default_factory=list)  # each holder row's owner signature (b"": none)
-
-    def neighbour_ids(self) -> list[int]:
-        return np.frombuffer(self.neighbours, NODE_IDS).tolist()
-
-    def public_key(self, table: bytes, node: int) -> bytes:
-        """The public key ``node`` advertised, from one of the two key tables."""
-        i = self.neighbour_ids().index(node)
-        return table[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES]
 
 
 def _identity(context: Context) -> tuple[Identity | None, str]:
     return node_identity(dict(context.node_config), node_root(context), client_id_of(context))
-
-
-# --- session state in context.state ---------------------------------------------------------------
-def _save(context: Context, session: str, state: Session) -> None:
-    context.state[SESSION_PREFIX + session] = ConfigRecord(dataclasses.asdict(state))
-
-
-def _load(context: Context, session: str, after: str) -> Session:
-    """The session's state, which must have answered round ``after`` last (rounds run in order)."""
-    key = SESSION_PREFIX + session
-    if key not in context.state:
-        raise Refused(f"session {session} is not open on this node (never advertised, finished or evicted)")
-    record = context.state.config_records[key]
-    state = Session(**{f.name: _field(record, f.name) for f in dataclasses.fields(Session)})
-    if state.stage != after:
-        raise Refused(f"session {session} answered round {state.stage!r} last; round {after!r} must come first")
-    return state
-
-
-def _field(record: ConfigRecord, name: str) -> object:
-    value = record[name]
-    return list(value) if isinstance(value, list) else value
-
-
-def _close(context: Context, session: str) -> None:
-    if SESSION_PREFIX + session in context.state:
-        del context.state[SESSION_PREFIX + session]
-
-
-def _make_room(context: Context) -> None:
-    """Forget the oldest open sessions beyond ``MAX_OPEN_SESSIONS`` - 1 (a sum the server abandoned)."""
-    open_ = [k for k in context.state.config_records if k.startswith(SESSION_PREFIX)]
-    open_.sort(key=lambda k: int(context.state.config_records[k]["opened_ns"]))
-    for key in open_[: max(0, len(open_) - MAX_OPEN_SESSIONS + 1)]:
-        _close(context, key[len(SESSION_PREFIX) :])
 
 
 # --- round 1: advertise keys ----------------------------------------------------------------------
@@ -188,14 +113,14 @@ def handle_advertise(message: Message, context: Context) -> Message:
     except Refused as err:
         return wire.reply(AdvertiseReply(refused=True, reason=f"node refuses the secure sum: {err}"), message)
     if replaced and replaced != request.session:
-        _close(context, replaced)  # an abandoned sum of this deposit: it answers nothing more
-    _make_room(context)
+        close(context, replaced)  # an abandoned sum of this deposit: it answers nothing more
+    make_room(context)
     mask_sk, cipher_sk = new_private_key(), new_private_key()
     secret_keys = {"mask_sk": private_key_bytes(mask_sk), "cipher_sk": private_key_bytes(cipher_sk)}
     state = Session(
         stage="advertise", deposit=deposit, verifies=identity is not None, **secret_keys, **_parameters(request)
     )
-    _save(context, request.session, state)
+    save(context, request.session, state)
     mask_key, cipher_key = public_key_bytes(mask_sk), public_key_bytes(cipher_sk)
     own, signature = b"", b""
     if identity is not None:
@@ -246,7 +171,7 @@ def handle_share(message: Message, context: Context) -> Message:
     request = wire.decode(ShareKeys, message.content)
     identity, _ = _identity(context)
     try:
-        state = _load(context, request.session, after="advertise")
+        state = load(context, request.session, after="advertise")
         neighbours = _neighbours(request, state, own=context.node_id, identity=identity)
     except (Refused, SecAggError) as err:
         return wire.reply(ShareReply(refused=True, reason=str(err)), message)
@@ -267,7 +192,7 @@ def handle_share(message: Message, context: Context) -> Message:
         tokens.append(base64.urlsafe_b64decode(encrypt(key, plaintext)))  # raw bytes on the wire
     state.holders, state.seed_shares, state.key_shares = node_ids([own]).tobytes(), seed_shares[:1], key_shares[:1]
     state.signatures, state.stage = signatures, "share"
-    _save(context, session, state)
+    save(context, session, state)
     flat, lengths = pack_bytes(tokens)
     commitment = _bytes(seed_commitment(session, own, state.seed))
     reply = ShareReply(False, "", node_ids(neighbours), flat, lengths, seed_commitment=commitment)
@@ -304,34 +229,8 @@ def _neighbours(request: ShareKeys, state: Session, *, own: int, identity: Ident
     for key in keys:
         public_key_from(key)
     if state.verifies:
-        _verify_peers(request, neighbours, identity, request.session)
+        verify_peers(request, neighbours, identity, request.session)
     return neighbours
-
-
-def _verify_peers(request: ShareKeys, neighbours: list[int], identity: Identity | None, session: str) -> None:
-    """Each neighbour a distinct published identity other than this node's, its keys signed by it."""
-    if identity is None:
-        raise Refused("this node's identity is no longer readable: it verifies no peer and joins no sum")
-    n = len(neighbours)
-    identities, sigs = request.identities, request.signatures
-    if identities is None or sigs is None or request.signature_lengths is None:
-        raise Refused("the server sent no identities: this node takes part only with peers it can verify")
-    if identities.dtype != np.uint8 or identities.shape != (n, PUBLIC_KEY_BYTES):
-        raise Refused(f"an identity table of {identities.dtype} {identities.shape} for {n} neighbours")
-    signatures = unpack_bytes(sigs, request.signature_lengths)
-    rows = [bytes(row) for row in identities]
-    unknown = [node for node, row in zip(neighbours, rows, strict=True) if row not in identity.peers]
-    if unknown:
-        raise Refused(
-            f"neighbour(s) {unknown[:5]} are not among the federation's published keys: a server may fill a "
-            "sum with keys of its own, so this node joins none whose peers it cannot verify"
-        )
-    if len(set(rows)) != n or identity.public in rows:
-        raise Refused("two neighbours share one identity, or a neighbour has this node's: a sybil")
-    for i, node in enumerate(neighbours):
-        message = advertise_message(session, node, bytes(request.mask_keys[i]), bytes(request.cipher_keys[i]))
-        if not verifies(rows[i], signatures[i], message):
-            raise Refused(f"neighbour {node}'s keys are not signed by its identity for this session")
 
 
 # --- round 3: mask the input ----------------------------------------------------------------------
@@ -342,23 +241,23 @@ def handle_mask(message: Message, context: Context) -> Message:
     request = wire.decode(MaskInput, message.content)
     identity, _ = _identity(context)
     try:
-        state = _load(context, request.session, after="share")
+        state = load(context, request.session, after="share")
         vector = live_input(context, state.deposit, request.session)
         problem = input_problem(vector, bound=state.bound, length=state.length)
         if problem:
             raise Refused(f"node refuses to mask its input: {problem}")
         senders, blamed = _receive_shares(request, state, own=context.node_id, identity=identity)
     except (Refused, SecAggError) as err:
-        _close(context, request.session)
+        close(context, request.session)
         return wire.reply(MaskedInput(refused=True, reason=str(err)), message)
     if blamed:
-        _close(context, request.session)  # the server abandons the session; the deposit waits for another
+        close(context, request.session)  # the server abandons the session; the deposit waits for another
         proofs = np.stack([_bytes(_blame_proof(state, node)) for node in blamed])
         reason = f"node cannot use the shares of {sorted(blamed)}; it names them, with proof"
         return wire.reply(MaskedInput(refused=True, reason=reason, blamed=node_ids(blamed), evidence=proofs), message)
     masked = _masked(vector, state, senders, request.session, own=context.node_id)
     state.stage = "mask"
-    _save(context, request.session, state)
+    save(context, request.session, state)
     return wire.reply(MaskedInput(refused=False, reason="", masked=masked), message)
 
 
@@ -392,7 +291,7 @@ def _receive_shares(
             blamed.append(sender)
             continue
         shares = (seed_share, key_share, signature)
-        if state.verifies and not _signed_by_owner(request.session, state, sender, own, shares):
+        if state.verifies and not signed_by_owner(request.session, state, sender, own, shares):
             blamed.append(sender)
             continue
         state.seed_shares.append(seed_share)
@@ -400,13 +299,6 @@ def _receive_shares(
         state.signatures.append(signature)
         state.holders += node_ids([sender]).tobytes()
     return [s for s in senders if s not in blamed], blamed
-
-
-def _signed_by_owner(session: str, state: Session, sender: int, own: int, shares: tuple[bytes, bytes, bytes]) -> bool:
-    """Whether ``sender`` signed the shares it handed this node (its identity, checked at round 2)."""
-    seed, key, signature = shares
-    identity = state.public_key(state.identities, sender)
-    return verifies(identity, signature, share_message(session, sender, own, digest(seed), digest(key)))
 
 
 def _masked(vector: np.ndarray, state: Session, senders: list[int], session: str, *, own: int) -> np.ndarray:
@@ -428,13 +320,13 @@ def handle_unmask(message: Message, context: Context) -> Message:
     inputs are in the sum, and only for the deposit's live session. The deposit is then spent."""
     request = wire.decode(Unmask, message.content)
     try:
-        state = _load(context, request.session, after="mask")
+        state = load(context, request.session, after="mask")
         live_input(context, state.deposit, request.session)  # an abandoned session unmasks nothing
         survivors, dropped = _unmask_lists(request, state, own=context.node_id, context=context)
     except (Refused, SecAggError) as err:
-        _close(context, request.session)
+        close(context, request.session)
         return wire.reply(UnmaskReply(refused=True, reason=str(err)), message)
-    _close(context, request.session)
+    close(context, request.session)
     spend(context, state.deposit)
     held = dict(zip(np.frombuffer(state.holders, NODE_IDS).tolist(), range(len(state.seed_shares)), strict=True))
     seed_rows = [held[n] for n in [context.node_id, *survivors]]

@@ -17,8 +17,9 @@ from cryptography.fernet import InvalidToken
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 
-from common.secagg import SecAggError, parse_share_plaintext, public_key_from
+from common.secagg import SecAggError, parse_share_plaintext, public_key_from, unpack_bytes
 from common.secagg_identity import advertise_message, digest, share_message, verifies
+from common.secagg_messages import UnmaskReply
 from common.secagg_proof import pair_key, verified_shared_point
 
 
@@ -139,6 +140,21 @@ def rebuild(
         culprits[owner] = f"the shares of its {kind} it signed rebuild no {kind} it committed to"
         return None, culprits, f"node {owner} signed inconsistent shares of its {kind}"
     return None, culprits, f"the {kind} of node {owner} has {len(good)} sound shares, below threshold {threshold}"
+
+
+def collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[HeldShare]], dict[int, list[HeldShare]]]:
+    """owner -> the shares of its seed, and of its mask key, that the holders sent (with what checks them)."""
+    seeds: dict[int, list[HeldShare]] = {}
+    keys: dict[int, list[HeldShare]] = {}
+    for holder, reply in sorted(replies.items()):
+        for owners, shares, flat, lengths, out in (
+            (reply.seed_owners, reply.seed_shares, reply.seed_signatures, reply.seed_signature_lengths, seeds),
+            (reply.key_owners, reply.key_shares, reply.key_signatures, reply.key_signature_lengths, keys),
+        ):
+            proofs = unpack_bytes(flat, lengths) if flat is not None else [b""] * owners.size
+            for owner, row, proof in zip(owners.tolist(), shares, proofs, strict=True):
+                out.setdefault(owner, []).append(HeldShare(holder, row.tobytes(), proof[:32], proof[32:]))
+    return seeds, keys
 
 
 def _combine(shares: list[HeldShare]) -> bytes | None:

@@ -22,7 +22,6 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,6 @@ from common.secagg import (
     SecAggError,
     complete_degree,
     decode_signed,
-    fewest_inputs,
     modulus_mask,
     neighbourhoods,
     new_session,
@@ -68,98 +66,12 @@ from common.secagg_messages import (
 )
 from protos import wire
 
-from .secure_checks import Advertised, HeldShare, advertise_problem, blame_culprit, rebuild
+from .secure_checks import Advertised, HeldShare, advertise_problem, blame_culprit, collect_shares, rebuild
+from .secure_run import STAGES, Aborted, SecureSumResult, SumRun
+
+__all__ = ["STAGES", "Aborted", "SecureSumResult", "secure_sum"]
 from .session import Transport, exchange_in_chunks
 from .strategy import Outgoing
-
-STAGES = ("advertise", "share", "mask", "unmask")
-
-
-class Aborted(Exception):
-    """The sum cannot be revealed; the message says why (nothing is unmasked)."""
-
-
-EMPTY = np.zeros(0, np.uint8)
-
-
-@dataclass
-class SecureSumResult:
-    """A secure sum's outcome: the sum (None when aborted, with the reason), who is in it, who
-    dropped at which round and why, and what each round cost."""
-
-    session: str
-    cohort: list[int]
-    threshold: int
-    degree: int
-    bits: int
-    bound: int
-    min_inputs: int = 0  # the fewest inputs a revealed sum holds (0: the threshold)
-    sum: np.ndarray | None = None  # int64: the signed sum of the survivors' inputs
-    sum_mod: np.ndarray | None = None  # uint64: the same sum's residues mod 2^bits
-    survivors: list[int] = field(default_factory=list)  # the nodes whose inputs are in the sum
-    dropouts: dict[int, str] = field(default_factory=dict)  # node -> "round: why"
-    culprits: dict[int, str] = field(default_factory=dict)  # node -> what it did (named on evidence)
-    aborted: str = ""
-    out_of_range: bool = False  # rejected: the unmasked sum betrayed an input outside its range
-    bytes_by_stage: dict[str, dict[str, int]] = field(default_factory=dict)  # round -> down, up (all nodes)
-    seconds_by_stage: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def revealed(self) -> bool:
-        return self.sum is not None
-
-    def bytes_per_client(self) -> float:
-        """Bytes down plus up per member of the cohort, over every round."""
-        total = sum(s["down"] + s["up"] for s in self.bytes_by_stage.values())
-        return total / max(1, len(self.cohort))
-
-
-@dataclass
-class _Run:
-    """What the server knows as the rounds go."""
-
-    result: SecureSumResult
-    params: dict[str, int]  # what AdvertiseKeys declares: cohort, threshold, degree, bits, bound, length
-    graph: dict[int, set[int]]
-    timeout_s: float | None
-    peers: frozenset[bytes] | None = None  # the federation's published identities, when the server has them
-    seen: set[bytes] | None = None  # digests of every masked vector of the caller's earlier sums
-    active: set[int] = field(default_factory=set)
-    advertised: dict[int, Advertised] = field(default_factory=dict)
-    commitments: dict[int, bytes] = field(default_factory=dict)  # node -> its seed commitment
-    inbox: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)  # recipient -> (sender, token)
-    partners: dict[int, list[int]] = field(default_factory=dict)  # node -> the senders it masked with
-    total: np.ndarray | None = None  # Σ masked inputs, uint64
-    refusals: dict[int, Any] = field(default_factory=dict)  # the last round's refusals, by node
-
-    def mask_key(self, node: int) -> bytes:
-        return self.advertised[node].mask_key
-
-    @property
-    def length(self) -> int:
-        return self.params["length"]
-
-    @property
-    def session(self) -> str:
-        return self.result.session
-
-    @property
-    def threshold(self) -> int:
-        return self.result.threshold
-
-    @property
-    def floor(self) -> int:
-        """The fewest inputs a revealed sum may hold."""
-        return fewest_inputs(self.result.threshold, self.result.min_inputs)
-
-    def drop(self, node: int, stage: str, why: str) -> None:
-        self.active.discard(node)
-        self.result.dropouts.setdefault(node, f"{stage}: {why}")
-
-    def blame(self, node: int, stage: str, why: str) -> None:
-        """``node`` did what no honest node does: out of this sum, and named."""
-        self.result.culprits.setdefault(node, f"{stage}: {why}")
-        self.drop(node, stage, f"named: {why}")
 
 
 def secure_sum(
@@ -210,7 +122,7 @@ def secure_sum(
         raise SecAggError("; ".join(problems))
     result = SecureSumResult(session, cohort, threshold, degree, bits, bound, min_inputs)
     graph = neighbourhoods(cohort, degree, rng)
-    run = _Run(result, {**params, "deposit": deposit}, graph, timeout_s, peers, seen, active=set(cohort))
+    run = SumRun(result, {**params, "deposit": deposit}, graph, timeout_s, peers, seen, active=set(cohort))
     try:
         for stage in (_advertise, _share, _mask, _unmask):
             stage(transport, run)
@@ -223,7 +135,7 @@ def secure_sum(
 # --- one round ------------------------------------------------------------------------------------
 def _round(
     transport: Transport,
-    run: _Run,
+    run: SumRun,
     stage: str,
     payloads: dict[int, Any],
     reply_cls: type,
@@ -259,7 +171,7 @@ def _round(
     return replies
 
 
-def _keep_neighbourhoods(run: _Run, stage: str) -> None:
+def _keep_neighbourhoods(run: SumRun, stage: str) -> None:
     """Abort if fewer than t nodes are left; else drop the nodes with fewer than t - 1 neighbours
     left (their secrets could not be rebuilt, and they would refuse), until none is, and check again."""
     _enough_left(run, stage)
@@ -269,13 +181,13 @@ def _keep_neighbourhoods(run: _Run, stage: str) -> None:
     _enough_left(run, stage)
 
 
-def _enough_left(run: _Run, stage: str) -> None:
+def _enough_left(run: SumRun, stage: str) -> None:
     if len(run.active) < run.floor:
         raise Aborted(f"after round {stage!r} only {len(run.active)} nodes are left, below the floor {run.floor}")
 
 
 # --- the four rounds ------------------------------------------------------------------------------
-def _advertise(transport: Transport, run: _Run) -> None:
+def _advertise(transport: Transport, run: SumRun) -> None:
     request = AdvertiseKeys(session=run.session, **run.params)
     replies = _round(transport, run, "advertise", dict.fromkeys(run.active, request), AdvertiseReply, lambda n: {})
     for node, reply in replies.items():
@@ -293,7 +205,7 @@ def _raw(value: np.ndarray | None) -> bytes:
     return b"" if value is None else value.tobytes()
 
 
-def _one_node_one_identity(run: _Run) -> None:
+def _one_node_one_identity(run: SumRun) -> None:
     """Two node ids under one identity are one node posing as two (a sybil): both are named."""
     owners: dict[bytes, list[int]] = {}
     for node in sorted(run.active):
@@ -304,7 +216,7 @@ def _one_node_one_identity(run: _Run) -> None:
             run.blame(node, "advertise", f"its identity is also node(s) {[n for n in nodes if n != node]}'s")
 
 
-def _share(transport: Transport, run: _Run) -> None:
+def _share(transport: Transport, run: SumRun) -> None:
     neighbours = {u: sorted(run.graph[u] & run.active) for u in run.active}
     payloads = {u: _share_keys(run, ns) for u, ns in neighbours.items()}
     replies = _round(transport, run, "share", payloads, ShareReply, lambda u: {"neighbours": set(neighbours[u])})
@@ -319,7 +231,7 @@ def _share(transport: Transport, run: _Run) -> None:
                 run.inbox[recipient].append((sender, token))
 
 
-def _share_keys(run: _Run, neighbours: list[int]) -> ShareKeys:
+def _share_keys(run: SumRun, neighbours: list[int]) -> ShareKeys:
     def table(field: str) -> np.ndarray:
         rows = [getattr(run.advertised[n], field) or bytes(PUBLIC_KEY_BYTES) for n in neighbours]
         return np.frombuffer(b"".join(rows), np.uint8).reshape(len(neighbours), -1)
@@ -336,7 +248,7 @@ def _share_keys(run: _Run, neighbours: list[int]) -> ShareKeys:
     )
 
 
-def _mask(transport: Transport, run: _Run) -> None:
+def _mask(transport: Transport, run: SumRun) -> None:
     payloads = {}
     for v in run.active:
         run.partners[v] = [u for u, _ in run.inbox[v]]
@@ -358,7 +270,7 @@ def _mask(transport: Transport, run: _Run) -> None:
             raise Aborted(f"the input of node {v} has {holders} holders left, below threshold {run.threshold}")
 
 
-def _judge_blames(run: _Run) -> None:
+def _judge_blames(run: SumRun) -> None:
     """Each blamed peer judged once, on one accuser's proof (``secure_checks.blame_culprit``); any
     blame abandons the session: a proof opens one pair's ciphertexts, so nothing of it is unmasked."""
     judged: set[int] = set()
@@ -377,7 +289,7 @@ def _judge_blames(run: _Run) -> None:
         raise Aborted(f"round 'mask': {len(judged)} peer(s) blamed; the session is abandoned, nothing is unmasked")
 
 
-def _no_replays(run: _Run, replies: dict[int, MaskedInput]) -> None:
+def _no_replays(run: SumRun, replies: dict[int, MaskedInput]) -> None:
     """A masked vector one of the caller's earlier sums already saw: masks are fresh per session, so
     only a replay repeats one. Its sender is named and is out of this sum (a dropout after sharing)."""
     if run.seen is None:
@@ -391,7 +303,7 @@ def _no_replays(run: _Run, replies: dict[int, MaskedInput]) -> None:
             run.seen.add(fingerprint)
 
 
-def _unmask(transport: Transport, run: _Run) -> None:
+def _unmask(transport: Transport, run: SumRun) -> None:
     survivors = set(run.result.survivors)
     lists = {v: (sorted(set(run.partners[v]) & survivors), sorted(set(run.partners[v]) - survivors)) for v in survivors}
     payloads = {v: Unmask(run.session, node_ids(alive), node_ids(gone)) for v, (alive, gone) in lists.items()}
@@ -400,7 +312,7 @@ def _unmask(transport: Transport, run: _Run) -> None:
         return {"seed_owners": {v, *lists[v][0]}, "key_owners": set(lists[v][1])}
 
     replies = _round(transport, run, "unmask", payloads, UnmaskReply, expect)
-    seed_shares, key_shares = _collect_shares(replies)
+    seed_shares, key_shares = collect_shares(replies)
     total = run.total
     for u in sorted(survivors):
         seed = _rebuild(run, u, seed_shares.get(u, []), "seed")
@@ -410,22 +322,7 @@ def _unmask(transport: Transport, run: _Run) -> None:
     _reveal(run, total & modulus_mask(run.result.bits))
 
 
-def _collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[HeldShare]], dict[int, list[HeldShare]]]:
-    """owner -> the shares of its seed, and of its mask key, that the holders sent (with what checks them)."""
-    seeds: dict[int, list[HeldShare]] = {}
-    keys: dict[int, list[HeldShare]] = {}
-    for holder, reply in sorted(replies.items()):
-        for owners, shares, flat, lengths, out in (
-            (reply.seed_owners, reply.seed_shares, reply.seed_signatures, reply.seed_signature_lengths, seeds),
-            (reply.key_owners, reply.key_shares, reply.key_signatures, reply.key_signature_lengths, keys),
-        ):
-            proofs = unpack_bytes(flat, lengths) if flat is not None else [b""] * owners.size
-            for owner, row, proof in zip(owners.tolist(), shares, proofs, strict=True):
-                out.setdefault(owner, []).append(HeldShare(holder, row.tobytes(), proof[:32], proof[32:]))
-    return seeds, keys
-
-
-def _rebuild(run: _Run, owner: int, shares: list[HeldShare], kind: str) -> bytes:
+def _rebuild(run: SumRun, owner: int, shares: list[HeldShare], kind: str) -> bytes:
     """``owner``'s seed (checked against its commitment) or mask key (against its public key), from
     the holders' shares; culprits named on the way; Aborted if it cannot be rebuilt."""
     if kind == "seed":
@@ -454,7 +351,7 @@ def _rebuild(run: _Run, owner: int, shares: list[HeldShare], kind: str) -> bytes
 
 
 def _remove_pair_masks(
-    run: _Run, total: np.ndarray, u: int, shares: list[HeldShare], survivors: set[int]
+    run: SumRun, total: np.ndarray, u: int, shares: list[HeldShare], survivors: set[int]
 ) -> np.ndarray:
     """``total`` without the masks the survivors share with ``u``, which dropped after sharing: its
     mask key rebuilt from t shares (checked against its public key), each pair's key agreed again
@@ -467,7 +364,7 @@ def _remove_pair_masks(
     return total
 
 
-def _reveal(run: _Run, residues: np.ndarray) -> None:
+def _reveal(run: SumRun, residues: np.ndarray) -> None:
     """The sum, unless a coordinate lies outside ±n·bound: no n in-range inputs sum to that, so an
     input was out of range (a node that skipped its own check) and the sum is rejected."""
     signed = decode_signed(residues, run.result.bits)

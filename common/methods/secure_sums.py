@@ -121,6 +121,7 @@ class SecureSums:
         self.sums: list[dict[str, Any]] = []  # one entry per sum run: inputs, dropouts, why it aborted
         self.seen: set[bytes] = set()  # digests of the masked vectors of this run's sums (a replay is named)
         self.spoiled: list[set[int]] = []  # the inputs of each sum an out-of-range input spoiled, since the last naming
+        self.cleared: set[int] = set()  # nodes whose inputs were in a sum that revealed a sound total
         self.attempts: dict[int, int] = {}  # step -> attempts whose sums revealed nothing
 
     @property
@@ -187,6 +188,7 @@ class SecureSums:
                 outcome.notes.append(f"secure sum {r.session}: {self._who(dropped)} dropped, the sum holds the rest")
             total += np.asarray(r.total, np.float64) * self.plan.gamma
             count += len(r.survivors)
+            self.cleared.update(r.survivors)
         return (total, count) if count else (None, 0)
 
     def _who(self, dropped: dict[int, str], shown: int = 5) -> str:
@@ -206,15 +208,19 @@ class SecureSums:
 
     def _spoiled_by(self, suspects: list[int]) -> dict[int, str]:
         """An out-of-range input spoils a sum without saying whose it was (inputs are masked). The
-        sums it spoiled are kept; once the nodes all of them held narrow to one, that node is named."""
+        sums it spoiled are kept; a node whose input was in a sum that revealed a sound total is
+        cleared; once the nodes every spoiled sum held, less the cleared, narrow to one, it is named."""
         if not suspects:
             return {}
         self.spoiled.append(set(suspects))
-        common = set.intersection(*self.spoiled)
-        if len(common) != 1 or len(self.spoiled) < 2:
+        left = set.intersection(*self.spoiled) - self.cleared
+        if len(left) != 1:
             return {}
         spoiled, self.spoiled = len(self.spoiled), []
-        return {common.pop(): f"its input was in each of the {spoiled} sums an out-of-range input spoiled, no other's"}
+        return {
+            left.pop(): f"its input was in each of the {spoiled} sum(s) an out-of-range input spoiled, and every "
+            "other node of them was in a sum that revealed a sound total"
+        }
 
     def gave_up(self, step: int, outcome: StepOutcome) -> bool:
         """Whether ``step`` is given up: its sums revealed nothing ``MAX_STEP_ATTEMPTS`` times (each

@@ -104,7 +104,7 @@ def without_pair_masks(transport: InProcessTransport, node: int, masked: np.ndar
     """``masked`` less every pairwise mask of ``node``, from the node's own keys (read from its state)."""
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 
-    from client.secure_sum import _load
+    from client.secure_session import load as _load
     from common.secagg import pair_mask, pairwise_sign, private_key_from, public_key_from
 
     state = _load(transport.contexts[node], session, after="mask")
