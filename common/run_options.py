@@ -6,6 +6,8 @@ composes them all into ``ExperimentConfig`` (``common/config.py``'s ``compose_co
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 
 from common.data.public import PUBLIC_SOURCES
@@ -257,20 +259,49 @@ class RunOptions:
     )
 
 
+MAX_RAY_ADDRESS_CHARS = 300  # a DNS name's 253 characters, brackets and a port: anything longer is no address
+# One label of a host name: letters, digits, inner hyphens (and underscores, as container names have).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
 def ray_address_problem(address: str) -> str:
-    """Why ``address`` is no ``ray_address`` (""): empty, ``auto`` or the cluster's GCS as HOST:PORT. Ray
-    Client addresses (ray://) are refused: the simulation's driver must join the cluster itself."""
+    """Why ``address`` is no ``ray_address`` (""): empty, ``auto`` or the cluster's GCS as HOST:PORT, HOST an
+    IP address or a DNS name. Ray Client addresses (ray://) are refused: the simulation's driver must join
+    the cluster itself."""
     if address in ("", "auto"):
         return ""
+    if len(address) > MAX_RAY_ADDRESS_CHARS:
+        return f"longer than any HOST:PORT (at most {MAX_RAY_ADDRESS_CHARS} characters)"
     if "://" in address:
         return (
             "Ray Client (ray://) is not supported: run fedgan on a machine of the cluster and give the GCS "
             "address HOST:PORT that `ray start --head` printed (or auto)"
         )
     host, _, port = address.rpartition(":")
-    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535 or any(ch.isspace() for ch in host):
-        return "expected empty (a local Ray instance), auto, or HOST:PORT of the cluster's GCS (e.g. 10.0.0.5:6379)"
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535 or not _is_host(host.strip("[]")):
+        return (
+            "expected empty (a local Ray instance), auto, or HOST:PORT of the cluster's GCS (e.g. 10.0.0.5:6379), "
+            "HOST an IP address or a DNS name and PORT in [1, 65535]"
+        )
     return ""
+
+
+def _is_host(host: str) -> bool:
+    """Whether ``host`` is an IP address or a DNS name (dot-separated labels of at most 63 characters,
+    253 in all): anything else only fails later, in the resolver, with a message naming no option."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host.removesuffix(".")
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def shown_address(address: str, limit: int = 60) -> str:
+    """``address`` as an error message quotes it: cut to ``limit`` characters, so that a pasted file
+    does not bury the message."""
+    return address if len(address) <= limit else f"{address[:limit]}... ({len(address):,} characters)"
 
 
 def _check_subset(c: RunOptions) -> None:
@@ -329,7 +360,8 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
     check(c.secagg_degree >= 0, "secagg_degree", c.secagg_degree, "must be >= 0 (0: automatic)")
     check(c.secagg_colluders >= 0, "secagg_colluders", c.secagg_colluders, "must be >= 0 (0: no colluding client)")
     check(1 <= c.parallel_clients <= 256, "parallel_clients", c.parallel_clients, "must be between 1 and 256")
-    check(not ray_address_problem(c.ray_address), "ray_address", c.ray_address, ray_address_problem(c.ray_address))
+    ray_problem = ray_address_problem(c.ray_address)
+    check(not ray_problem, "ray_address", shown_address(c.ray_address), ray_problem)
     check(0 <= c.ray_actor_cpus <= 4096, "ray_actor_cpus", c.ray_actor_cpus, "must be in [0, 4096] (0: automatic)")
     _check_subset(c)
     check(0 < c.delta < 1, "delta", c.delta, "must be in (0, 1)")
@@ -375,7 +407,12 @@ def validate_run_options(c: RunOptions, noise_fields: tuple[str, ...]) -> None:
         c.dataplane_tls_cert,
         "give both dataplane-tls-cert and dataplane-tls-key, or neither",
     )
-    check_all(c, ("eval_samples", "eval_fid_samples"), lambda v: v >= 10, "must be >= 10")
+    check_all(
+        c,
+        ("eval_samples", "eval_fid_samples"),
+        lambda v: 10 <= v <= 100_000,
+        "must be between 10 and 100,000 (generated images held at once)",
+    )
     if c.dataset == "synthetic" and c.partition == "writer":
         writers = c.synthetic_writers or c.num_clients
         check(

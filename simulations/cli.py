@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from common.evaluation.anchors import PROTOCOL_NAMES
 from common.methods import ExperimentConfig
 
-from .commands import resolve_config
+from .commands import MAX_CANARIES, MAX_EVAL_SAMPLES, MAX_MIA_SAMPLES, MAX_RELEASES, resolve_config
 
 __all__ = ["build_parser", "config_flags", "main", "resolve_config"]
 
@@ -62,9 +62,9 @@ NODE_POLICY_HELP = (
 
 
 NODE_STATE_HELP = (
-    "where the simulated nodes keep their private state and their own privacy ledgers (default: the "
-    "run directory's clients/). Point several runs at one directory to simulate the same nodes across "
-    "runs: each node's budget (--node-policy's max-epsilon) then spans all of them"
+    "where the simulated nodes keep their private state and their own privacy ledgers: a folder this process "
+    "can write, made if missing (default: the run directory's clients/). Point several runs at one directory "
+    "to simulate the same nodes across runs: each node's budget (--node-policy's max-epsilon) then spans all of them"
 )
 
 
@@ -161,13 +161,15 @@ def _evaluate_parser(sub) -> None:
         "--num-samples",
         type=int,
         default=None,
-        help="generated (and real) samples per figure (default: the run's eval_samples)",
+        help="generated (and real) samples per figure (default: the run's eval_samples); 10 to "
+        f"{MAX_EVAL_SAMPLES:,}, held in memory at once",
     )
     ev.add_argument(
         "--fid-samples",
         type=int,
         default=None,
-        help="samples for the Inception FID (default: the run's eval_fid_samples)",
+        help=f"samples for the Inception FID (default: the run's eval_fid_samples); 10 to {MAX_EVAL_SAMPLES:,} "
+        "(FID-50k, the largest usual figure, fits)",
     )
     ev.add_argument(
         "--inception-weights",
@@ -201,20 +203,28 @@ def _audit_parser(sub) -> None:
         "release code, a lower bound on ε beside the ledger's; writes audit.json and the report's section",
     )
     au.add_argument("run_dir", metavar="RUN_DIR")
-    au.add_argument("--canaries", type=int, default=2000, help="canary clients, each inserted with probability 1/2")
+    au.add_argument(
+        "--canaries",
+        type=int,
+        default=2000,
+        help=f"canary clients, each inserted with probability 1/2 (default 2000; 100 to {MAX_CANARIES:,}, all held "
+        "in memory at once)",
+    )
     au.add_argument(
         "--releases",
         type=int,
         default=None,
         help="releases each canary is asked for, until its budget refuses (default: the most any client "
-        "of the run made)",
+        f"of the run made); 1 to {MAX_RELEASES:,}",
     )
     au.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bounds (default 0.95)")
     au.add_argument(
         "--mia-samples",
         type=int,
         default=1000,
-        help="black-box membership test on the released generator: images per side (0: skip)",
+        help="black-box membership test on the released generator: images per side (default 1000; 0: skip), at "
+        f"most {MAX_MIA_SAMPLES:,}: the size of MNIST's test split, the non-members, and a distance matrix "
+        "of samples x samples per side",
     )
 
 

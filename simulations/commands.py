@@ -32,6 +32,14 @@ RESUMABLE_OVERRIDES = {
     "ray_address",  # where the actors run, not what they compute
     "ray_actor_cpus",
 }
+# Upper bounds of the counts the evaluation and audit flags take, far above any real use: each is
+# held in memory at once (an audit of 10^9 canaries took 9.8 GB before it was stopped).
+MAX_EVAL_SAMPLES = 100_000  # generated images at once: 314 MB; FID-50k, the largest usual figure, fits
+MAX_CANARIES = 100_000  # measured for DP-MERF: ~1 ms and ~4 KB each; the default is 2,000
+MAX_RELEASES = 100_000  # per canary; a client's budget stops it long before
+# The membership test holds a samples x samples distance matrix per side (400 MB at 10,000), and
+# MNIST's test split, its non-members, holds 10,000 images.
+MAX_MIA_SAMPLES = 10_000
 
 
 def apply_node_policy(args: argparse.Namespace) -> Path | None:
@@ -48,6 +56,30 @@ def apply_node_policy(args: argparse.Namespace) -> Path | None:
         raise ConfigError(str(err)) from err
     os.environ[POLICY_ENV] = str(path)
     return path
+
+
+def check_node_state(args: argparse.Namespace) -> None:
+    """``--node-state`` is a folder this process can write (made if missing), checked before the run
+    directory is made: a bad one is then blamed on itself, not on ``--out``, and leaves no half-made
+    run directory behind. A RunDirectoryError naming the flag and the path if not."""
+    from server.reporting import RunDirectoryError, check_writable
+
+    given = getattr(args, "node_state", None)
+    if not given:
+        return
+    folder = Path(given)
+    if folder.exists() and not folder.is_dir():
+        raise RunDirectoryError(
+            f"--node-state {folder} is not a directory: give a folder where the simulated nodes keep their state"
+        )
+    check_writable(folder, "--node-state must be a writable directory (the simulated nodes keep their state there)")
+
+
+def bounded_count_problem(flag: str, value: int | None, low: int, high: int) -> str:
+    """Why ``value`` of ``flag`` is out of [low, high] ("" when it is in, or not given)."""
+    if value is None or low <= value <= high:
+        return ""
+    return f"invalid {flag}={value}: must be between {low:,} and {high:,}"
 
 
 def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -80,6 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             cfg = prepare(resolve_config(args))
             check_ray_placement(cfg, args.transport)  # before the run directory: nothing to clean up
+            check_node_state(args)
             run = RunDirectory.create(cfg, state_dir=getattr(args, "node_state", None))
             run.lock()
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
@@ -175,6 +208,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for name in STRATEGY_ORDER:  # every strategy's own checks (its data too) now, not after the others trained
             prepare(cfg.replace(strategy=name))
         check_ray_placement(cfg, args.transport)
+        check_node_state(args)
         if cfg.out:
             check_new_compare_dir(Path(cfg.out))
     except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
@@ -192,8 +226,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .experiments.evaluate import evaluate_run, print_eval
 
     for flag, value in (("--num-samples", args.num_samples), ("--fid-samples", args.fid_samples)):
-        if value is not None and value < 10:
-            print(f"fedgan: error: invalid {flag}={value}: must be >= 10", file=sys.stderr)
+        problem = bounded_count_problem(flag, value, 10, MAX_EVAL_SAMPLES)
+        if problem:
+            print(f"fedgan: error: {problem}", file=sys.stderr)
             return EXIT_BAD_INPUT
     if args.inception_weights and not Path(args.inception_weights).is_file():
         print(f"fedgan: error: --inception-weights {args.inception_weights} does not exist", file=sys.stderr)
@@ -217,12 +252,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from common.data import DataError
     from server.reporting import RunDirectoryError
 
     from .experiments.audit import audit_run, format_audit
 
-    if args.canaries < 100 or not 0.5 < args.confidence < 1 or (args.releases is not None and args.releases < 1):
-        print("fedgan: error: --canaries must be >= 100, --confidence in (0.5, 1), --releases >= 1", file=sys.stderr)
+    problem = audit_flags_problem(args)
+    if problem:
+        print(f"fedgan: error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         result = audit_run(
@@ -232,15 +269,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             mia_samples=args.mia_samples,
         )
-    except (ConfigError, RunDirectoryError, ValueError) as err:
+    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(format_audit(result))
     return 3 if result["violated"] else 0
 
 
+def audit_flags_problem(args: argparse.Namespace) -> str:
+    """The first of ``fedgan audit``'s flags out of its range, in words ("" when none): checked before
+    the run directory is read, so that no count the audit would hold in memory is unbounded."""
+    problems = (
+        bounded_count_problem("--canaries", args.canaries, 100, MAX_CANARIES),
+        bounded_count_problem("--releases", args.releases, 1, MAX_RELEASES),
+        bounded_count_problem("--mia-samples", args.mia_samples, 0, MAX_MIA_SAMPLES),
+        "" if 0.5 < args.confidence < 1 else f"invalid --confidence={args.confidence}: must be in (0.5, 1)",
+    )
+    return next((p for p in problems if p), "")
+
+
 def cmd_debug_task(args: argparse.Namespace) -> int:
     from common.data import DataError
+    from server.reporting import RunDirectoryError
 
     from .experiments.debug_task import debug_task, format_result
 
@@ -250,12 +300,13 @@ def cmd_debug_task(args: argparse.Namespace) -> int:
             args.invert_prob = 0.5  # the task's default: half of the clients have the bug
         cfg = prepare(resolve_config(args))
         check_ray_placement(cfg, args.transport)
+        check_node_state(args)
         if not 0 < cfg.invert_prob < 1:
             raise ConfigError(
                 f"invalid invert_prob={cfg.invert_prob!r}: the task needs some clients with and "
                 "some without the bug, choose 0 < p < 1"
             )
-    except (ConfigError, DataError, ValueError) as err:
+    except (ConfigError, DataError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     result = debug_task(

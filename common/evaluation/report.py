@@ -348,7 +348,9 @@ def render_report(
         "<h2>Privacy statement</h2>",
         f'<p class="statement">{_e(summary.get("privacy_statement") or "No privacy statement recorded.")}</p>',
     ]
-    if audit:
+    if audit and "unreadable" in audit:  # see _read_audit
+        parts += [f'<h2>Privacy audit</h2><p class="missing">{_e(audit["unreadable"])}</p>']
+    elif audit:
         parts += [f"<h2>Privacy audit</h2><p>{_e(audit.get('design', ''))}</p>", _table(audit_rows(audit))]
     if notes:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{_e(n)}</li>" for n in notes), "</ul>"]
@@ -373,7 +375,9 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
             f"{summary_path} does not exist: report.html is written for a finished "
             "run (its summary.json is written at the end)"
         )
-    summary = json.loads(summary_path.read_text())
+    summary = _read_json(summary_path)
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path} is corrupt: it holds a {type(summary).__name__}, not an object")
     plots = dict(plots or {})
     latest = _latest_samples(run_dir)
     if latest is not None and not any(name.startswith("samples") for name in plots):
@@ -381,11 +385,40 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
         plots["samples"] = (latest, f"Samples of the released (EMA) generator at step {step}, one row per class.")
     if title is None:
         title = f"fedgan run: {summary.get('strategy', '?')} on {summary.get('dataset', '?')} ({run_dir.name})"
-    audit_path = run_dir / "audit.json"
-    audit = json.loads(audit_path.read_text()) if audit_path.is_file() else None
+    audit = _read_audit(run_dir / "audit.json")
     page = render_report(summary, eval_result, plots, title=title, audit=audit)
     path = run_dir / REPORT
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in ``path``, or a ValueError naming the file (the parser's own message names none)."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is corrupt: {err}") from err
+
+
+def _read_audit(path: Path) -> dict | None:
+    """audit.json for the report's audit section; one that cannot be read is noted there
+    (``{"unreadable": why}``) instead of failing the report, which `fedgan evaluate` writes after
+    all its work; the file is kept as it is (`fedgan audit` rewrites it)."""
+    if not path.is_file():
+        return None
+    try:
+        audit = _read_json(path)
+        if not isinstance(audit, dict):
+            raise ValueError(f"{path} is corrupt: it holds a {type(audit).__name__}, not an object")
+        audit_rows(audit)  # every figure the section shows is there
+    except ValueError as err:
+        reason = str(err)
+    except KeyError as err:
+        reason = f"{path} is incomplete (no {err.args[0]})"
+    except TypeError as err:
+        reason = f"{path} is malformed ({err})"
+    else:
+        return audit
+    return {"unreadable": f"{reason}; run `fedgan audit` again to rewrite it"}

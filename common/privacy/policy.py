@@ -287,9 +287,13 @@ def _integer(value: Any, key: str, source: str) -> int:
 def policy_from_file(path: str | Path) -> NodePolicy:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
     except OSError as err:
         raise PolicyError(f"node privacy policy {path} cannot be read: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:  # a binary file: the decoder's message names neither file nor field
+        raise PolicyError(
+            f"node privacy policy {path} is not UTF-8 text ({err.reason} at byte {err.start}): a policy is a TOML file"
+        ) from err
     except tomllib.TOMLDecodeError as err:
         raise PolicyError(f"node privacy policy {path} is not valid TOML: {err}") from err
     source = f"node privacy policy {path}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +115,57 @@ SERVER_HOLDS = "the TLS private key of the SuperLink and the data plane (server.
 NODE_HOLDS = "this SuperNode's private key (SuperNode authentication)"
 # Named too, so the same files serve docker-compose.server.yml (its services dial these names).
 COMPOSE_SERVICES = ("superlink", "serverapp")
+# A key pair and a folder each (a few ms): far above any deployment; 10^9 had made 321 MB in 4 minutes.
+MAX_NODES = 10_000
+# One label of a DNS name (RFC 1123): letters, digits and inner hyphens, as a certificate's name needs.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def server_host_problem(host: str) -> str:
+    """Why ``host`` cannot be named in the server's certificate ("" when it can): an IP address, or a
+    DNS name of dot-separated labels (at most 63 characters each, 253 in all). A malformed name gave a
+    certificate no node could verify, found only when the deployment failed to connect."""
+    try:
+        ipaddress.ip_address(host)
+        return ""
+    except ValueError:
+        pass
+    if 0 < len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in host.split(".")):
+        return ""
+    shown = host if len(host) <= 60 else f"{host[:60]}... ({len(host):,} characters)"
+    return (
+        f"invalid --server-host {shown!r}: give an IP address or a DNS name (letters, digits and inner hyphens, "
+        "dot-separated labels of at most 63 characters)"
+    )
+
+
+def check_request(server_hosts: list[str], num_nodes: int) -> None:
+    """The server's names and the number of SuperNodes, checked before any file is made (a ValueError
+    naming the flag)."""
+    if not 1 <= num_nodes <= MAX_NODES:
+        raise ValueError(f"invalid --num-nodes {num_nodes}: must be between 1 and {MAX_NODES:,}")
+    if not server_hosts:
+        raise ValueError("need the server's address (--server-host)")
+    problem = next((p for p in map(server_host_problem, server_hosts) if p), "")
+    if problem:
+        raise ValueError(problem)
+
+
+def check_new_folder(folder: Path) -> None:
+    """``folder`` is absent or an empty directory, and takes files (made if missing): checked with a real
+    write, since root ignores permission bits and only a write tells a read-only mount. A ValueError
+    naming it (FileExistsError when it holds something: nothing in it is replaced)."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {folder} is not a directory: choose a new folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        raise FileExistsError(f"{folder} is not empty; choose a new folder (nothing in it was replaced)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pki-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"cannot write to --out {folder} ({err.strerror or err}): choose a writable folder") from None
 
 
 def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict[str, list[Path]]:
@@ -126,10 +179,8 @@ def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict
     """
     from common.private_paths import mark_private
 
-    if num_nodes < 1 or not server_hosts:
-        raise ValueError("need at least one SuperNode and the server's address (--server-host)")
-    if folder.exists() and any(folder.iterdir()):
-        raise FileExistsError(f"{folder} is not empty; choose a new folder (nothing in it was replaced)")
+    check_request(server_hosts, num_nodes)
+    check_new_folder(folder)
     server = folder / SERVER_FOLDER
     mark_private(server, SERVER_HOLDS)
     tls = make_tls(server, hosts=list(dict.fromkeys([*server_hosts, *COMPOSE_SERVICES, "localhost", "127.0.0.1"])))
@@ -154,19 +205,27 @@ def main(argv: list[str] | None = None) -> None:
         description="Make the CA, the server certificate and the SuperNode keys of a deployment across "
         "hosts, one folder per host (copy each to its host; see the README's 'Across hosts').",
     )
-    parser.add_argument("--out", type=Path, required=True, help="a new folder")
+    parser.add_argument("--out", type=Path, required=True, help="a new (or empty) folder this process can write")
     parser.add_argument(
         "--server-host",
         action="append",
         required=True,
-        help="address or DNS name the SuperNodes dial the server host at (repeat for several)",
+        help="IP address or DNS name the SuperNodes dial the server host at, named in its certificate "
+        "(repeat for several)",
     )
-    parser.add_argument("--num-nodes", type=int, required=True, help="SuperNodes (supernode-1 ... supernode-N)")
+    parser.add_argument(
+        "--num-nodes",
+        type=int,
+        required=True,
+        help=f"SuperNodes (supernode-1 ... supernode-N), at most {MAX_NODES:,}: one key pair and folder each",
+    )
     args = parser.parse_args(argv)
     try:
         layout = make_hosts(args.out, server_hosts=args.server_host, num_nodes=args.num_nodes)
     except (ValueError, FileExistsError) as err:
         parser.error(str(err))
+    except OSError as err:  # a write that failed after the checks (a full disk): which file, and why
+        parser.error(f"cannot write {err.filename or args.out} ({err.strerror or err}); the files made so far stay")
     for host, files in layout.items():
         print(f"{args.out / host}/  -> the {host} host: " + ", ".join(f.name for f in files))
 

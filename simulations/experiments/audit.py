@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -174,14 +175,16 @@ def most_releases(privacy: dict[str, Any]) -> int:
 
 
 @torch.no_grad()
-def membership_test(run: Any, cfg: ExperimentConfig, samples: int) -> dict[str, Any]:
+def membership_test(run: Any, cfg: ExperimentConfig, samples: int, state: dict | None = None) -> dict[str, Any]:
     """Black box: the released generator only. Score each real image by minus its distance to the
     nearest of ``samples`` generated images; members are training images of the run's clients,
-    non-members held-out test images. AUC and TPR at 1% / 10% FPR (no ε: members are not random)."""
+    non-members held-out test images. AUC and TPR at 1% / 10% FPR (no ε: members are not random).
+    ``state``: the released generator's weights (default: read from the run's checkpoint)."""
     from common.data import client_arrays, load_dataset, num_classes_for
     from simulations.experiments.evaluate import generate, load_generator
 
-    gen = load_generator(cfg, run.load_checkpoint()["released_generator"], run.path / "checkpoint.pt")
+    state = released_generator(run) if state is None else state
+    gen = load_generator(cfg, state, run.path / "checkpoint.pt")
     fakes, _ = generate(gen, samples, num_classes=num_classes_for(cfg), z_dim=cfg.z_dim)
     members = _members(cfg, samples, client_arrays)
     test = load_dataset(cfg.dataset, cfg.data_dir, split="test", emnist_split=cfg.emnist_split, seed=cfg.seed)
@@ -190,6 +193,20 @@ def membership_test(run: Any, cfg: ExperimentConfig, samples: int) -> dict[str, 
     score_in = -torch.cdist(members.flatten(1), flat).min(dim=1).values.numpy()
     score_out = -torch.cdist(outsiders.flatten(1), flat).min(dim=1).values.numpy()
     return {"members": len(score_in), "non_members": len(score_out), "generated": samples, **_roc(score_in, score_out)}
+
+
+def released_generator(run: Any) -> dict:
+    """The released generator's weights in the run's checkpoint (a RunDirectoryError naming it if none)."""
+    from server.reporting import RunDirectoryError
+
+    ckpt = run.load_checkpoint()
+    state = ckpt.get("released_generator") if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict):
+        raise RunDirectoryError(
+            f"{run.path / 'checkpoint.pt'} holds no released generator for the membership test (--mia-samples 0 "
+            "skips it)"
+        )
+    return state
 
 
 def _members(cfg: ExperimentConfig, n: int, client_arrays: Callable) -> torch.Tensor:
@@ -213,29 +230,78 @@ def _roc(score_in: np.ndarray, score_out: np.ndarray) -> dict[str, float]:
     return out
 
 
-def audit_run(path: str, *, canaries: int, releases: int | None, confidence: float, mia_samples: int) -> dict[str, Any]:
-    """Audit the run in ``path`` at its own parameters; writes audit.json, plots/audit_scores.png
-    and the report's audit section."""
-    import json
+@dataclass(frozen=True)
+class RunFiles:
+    """What the audit reads of a run directory, read and checked before any canary runs: a bad file
+    then costs no work, and audit.json is never rewritten by an audit that cannot finish."""
 
-    from server.reporting import RunDirectory, RunDirectoryError
+    privacy: dict[str, Any]
+    eval_result: dict[str, Any] | None  # eval.json, for the refreshed report
+    has_summary: bool  # the report is refreshed only for a finished run
+    generator: dict | None  # the released generator's weights, when the membership test runs
 
-    run, cfg = RunDirectory.open_existing(path)
+
+def read_run_files(run: Any, *, mia_samples: int) -> RunFiles:
+    """privacy.json (required), summary.json and eval.json (when present) and the checkpoint (for the
+    membership test), each checked; and that the run directory takes the audit's files. A
+    RunDirectoryError naming the file (and its field) otherwise."""
+    from server.reporting import RunDirectoryError, check_writable
+
+    from .evaluate import read_json, read_summary
+
+    check_writable(run.path, "audit writes audit.json, plots/ and report.html there (copy the run somewhere writable)")
     privacy_path = run.path / "privacy.json"
     if not privacy_path.is_file():
         raise RunDirectoryError(f"{privacy_path} does not exist: audit a finished run")
-    privacy = json.loads(privacy_path.read_text())
-    asked = releases or max(most_releases(privacy), 1)
+    privacy = read_privacy(privacy_path)
+    has_summary = (run.path / "summary.json").is_file()
+    if has_summary:
+        read_summary(run.path / "summary.json")
+    eval_path = run.path / "eval.json"
+    eval_result = read_json(eval_path) if eval_path.is_file() else None
+    if eval_result is not None and not isinstance(eval_result, dict):
+        raise RunDirectoryError(
+            f"{eval_path} is corrupt: it holds a {type(eval_result).__name__}, not an object; run "
+            "`fedgan evaluate` again to rewrite it"
+        )
+    generator = released_generator(run) if mia_samples else None
+    return RunFiles(privacy, eval_result, has_summary, generator)
+
+
+def read_privacy(path: Any) -> dict[str, Any]:
+    """privacy.json, checked to hold what the audit reads: its clients, each with its queries and ε."""
+    from server.reporting import RunDirectoryError
+
+    from .evaluate import malformed_clients, read_json
+
+    privacy = read_json(path)
+    if not isinstance(privacy, dict):
+        raise RunDirectoryError(f"{path} is corrupt: it holds a {type(privacy).__name__}, not an object")
+    wrong = malformed_clients(privacy.get("clients"))
+    if wrong:
+        raise RunDirectoryError(f"{path} is malformed: {wrong}; rerun the run")
+    return privacy
+
+
+def audit_run(path: str, *, canaries: int, releases: int | None, confidence: float, mia_samples: int) -> dict[str, Any]:
+    """Audit the run in ``path`` at its own parameters; writes audit.json, plots/audit_scores.png
+    and the report's audit section."""
+    from server.reporting import RunDirectory
+
+    run, cfg = RunDirectory.open_existing(path)
+    files = read_run_files(run, mia_samples=mia_samples)
+    asked = releases or max(most_releases(files.privacy), 1)
     result = audit(cfg, canaries=canaries, releases=asked, confidence=confidence)
     result["run_dir"] = str(run.path)
     result["run_epsilon_max"] = max(
-        (c["epsilon"] for c in privacy["clients"] if c.get("epsilon") is not None), default=None
+        (c["epsilon"] for c in files.privacy["clients"] if c.get("epsilon") is not None), default=None
     )
     if mia_samples:
-        result["membership"] = membership_test(run, cfg, mia_samples)
+        result["membership"] = membership_test(run, cfg, mia_samples, files.generator)
     result["plot"] = str(_plot(run.path / "plots" / "audit_scores.png", result))
     run.write_json("audit.json", result)
-    _refresh_report(run)
+    if files.has_summary:
+        _refresh_report(run, files.eval_result)
     return result
 
 
@@ -265,17 +331,12 @@ def _plot(path: Any, result: dict[str, Any]) -> Any:
     return path
 
 
-def _refresh_report(run: Any) -> None:
+def _refresh_report(run: Any, eval_result: dict[str, Any] | None) -> None:
     """report.html again, now with its audit section (and the figures the run already has)."""
-    import json
-
     from common.evaluation.report import write_report
 
-    eval_path = run.path / "eval.json"
-    eval_result = json.loads(eval_path.read_text()) if eval_path.is_file() else None
     plots = {p.stem: p for p in sorted((run.path / "plots").glob("*.png"))}
-    if (run.path / "summary.json").is_file():
-        write_report(run.path, eval_result, plots)
+    write_report(run.path, eval_result, plots)
 
 
 def format_audit(result: dict[str, Any]) -> str:

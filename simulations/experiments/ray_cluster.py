@@ -52,23 +52,47 @@ def ray_address_file(environ: Mapping[str, str] = os.environ) -> Path:
 def resolve_address(address: str, environ: Mapping[str, str] = os.environ) -> str:
     """``ray_address`` as HOST:PORT: ``auto`` is $RAY_ADDRESS, else the cluster ``ray start --head`` last
     recorded on this machine. Unlike Ray's own ``auto``, never any Ray instance found running here:
-    that may be another run's private one."""
+    that may be another run's private one. What either holds is checked as the option itself is, and
+    a bad value is a RayClusterError naming where it came from."""
     if address != "auto":
         return address
     from_env = environ.get(RAY_ADDRESS_ENV, "").strip()
     if from_env and from_env != "auto":
-        return from_env
+        return _checked(from_env, f"${RAY_ADDRESS_ENV} (read for ray_address='auto')")
     path = ray_address_file(environ)
-    try:
-        recorded = path.read_text().strip()
-    except OSError:
-        recorded = ""
+    recorded = _recorded_address(path)
     if not recorded:
         raise RayClusterError(
             f"invalid ray_address='auto': no Ray cluster recorded on this machine (${RAY_ADDRESS_ENV} is not set "
             f"and {path} does not exist); start one with `ray start --head` or give its address as HOST:PORT"
         )
-    return recorded
+    return _checked(recorded, f"{path} (the cluster `ray start --head` recorded, read for ray_address='auto')")
+
+
+def _recorded_address(path: Path) -> str:
+    """What ``ray start --head`` recorded in ``path`` ("" when nothing is there)."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+    except UnicodeDecodeError as err:
+        raise RayClusterError(
+            f"invalid ray_address='auto': {path}, the cluster `ray start --head` recorded, is not text "
+            f"({err.reason} at byte {err.start}); start the cluster again or give its address as HOST:PORT"
+        ) from None
+
+
+def _checked(address: str, source: str) -> str:
+    """``address``, read from ``source``, if it is a GCS address (HOST:PORT); a RayClusterError naming both if not."""
+    from common.run_options import ray_address_problem, shown_address  # here: the probe's child never needs it
+
+    problem = ray_address_problem(address)
+    if problem or address == "auto":
+        raise RayClusterError(
+            f"{source} holds {shown_address(address)!r}: {problem or 'not an address'}; fix it, or give the "
+            "cluster's address as ray_address HOST:PORT"
+        )
+    return address
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -84,7 +108,7 @@ def probe(address: str, timeout_s: float | None = None) -> list[float]:
     host, port = _host_port(address)
     try:
         socket.create_connection((host, port), timeout=min(TCP_TIMEOUT_S, timeout_s)).close()
-    except OSError as err:
+    except (OSError, UnicodeError) as err:  # UnicodeError: a name the resolver's IDNA codec refuses
         raise RayClusterError(
             f"invalid ray_address={address!r}: cannot connect to it ({err}); is a Ray cluster running there? "
             "Start one with `ray start --head` and give the address it prints"
