@@ -45,9 +45,14 @@ RUN = dict(
     sampling_seed=1,
     eval=False,
 )
-# each node's own volume: its client's state, its own ledger of every release, and the marker
+# each node's own volume: its client's state, its own ledger of every release (with its release counter), and the marker
 EACH_NODE_ALONE = {
-    i: ["DO_NOT_PUBLISH.txt", f"client-{i - 1:05d}.pt", f"node-ledger-{i - 1:05d}.json"]
+    i: [
+        "DO_NOT_PUBLISH.txt",
+        f"client-{i - 1:05d}.pt",
+        f"node-ledger-{i - 1:05d}.count",
+        f"node-ledger-{i - 1:05d}.json",
+    ]
     for i in range(1, RUN["num_clients"] + 1)
 }
 
