@@ -30,7 +30,7 @@ SECURE = dict(secure_aggregation=True, num_clients=6)
 
 def merf_plan(k: int, family=RANDOM_FOURIER) -> SecureSumPlan:
     strategy = "dp-ntk" if family is TANGENT else "dp-merf"
-    cfg = tiny_cfg("", strategy=strategy, merf_features=20, secagg_cohort=5, secagg_colluders=k, **SECURE)
+    cfg = tiny_cfg("", strategy=strategy, merf_features=100, secagg_cohort=5, secagg_colluders=k, **SECURE)
     return merf_secure.plan(cfg, family)
 
 
