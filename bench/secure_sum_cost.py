@@ -31,6 +31,7 @@ import json
 import math
 import platform
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.app import app as client_app  # noqa: E402
-from client.secure_sum import deposit_input  # noqa: E402
+from client.secure_deposit import deposit_input  # noqa: E402
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease, MerfRequest  # noqa: E402
 from common.privacy.secure_release import SecureSumPlan, encode, plan_for  # noqa: E402
 from common.privacy.skellam import skellam_tail  # noqa: E402
@@ -172,6 +173,7 @@ def measure_secure(
         degree=degree,
         bits=params["bits"],
         session=session,
+        peers=transport.secagg_peers,
     )
     cpu_s = time.process_time() - cpu
     if not result.revealed:
@@ -201,7 +203,9 @@ def measure_cohort(cohort: int, *, dim: int, epsilons: Sequence[float], degree: 
     """The plain arm and one secure sum per target ε, on one transport of ``cohort`` nodes."""
     vectors = client_vectors(dim, cohort, seed)
     plain = {}
-    transport = InProcessTransport(bench_app(plain), cohort)
+    # the nodes hold identities, as a secure run's simulated nodes do: they sign and verify their peers
+    identities = tempfile.mkdtemp(prefix="secagg-bench-")
+    transport = InProcessTransport(bench_app(plain), cohort, node_state=identities, secagg_identities=True)
     nodes = transport.node_ids(cohort)
     shape = release_shape(dim)
     plain.update({n: clipped(x).astype(np.float32).reshape(shape) for n, x in zip(nodes, vectors, strict=True)})

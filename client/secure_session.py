@@ -49,6 +49,7 @@ class Session:
     mask_keys: bytes = b""  # their mask public keys, 33 bytes each
     cipher_keys: bytes = b""
     identities: bytes = b""  # their identity keys, 33 bytes each (a verifying node's, checked at round 2)
+    pair_keys: list[bytes] = field(default_factory=list)  # the cipher key agreed with each, in their order
     holders: bytes = b""  # uint64 ids whose shares this node holds (itself first)
     seed_shares: list[bytes] = field(default_factory=list)
     key_shares: list[bytes] = field(default_factory=list)

@@ -31,7 +31,6 @@ import os
 import numpy as np
 from cryptography.fernet import InvalidToken
 from flwr.app import Context, Message
-from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 
 from common.secagg import (
@@ -76,6 +75,7 @@ from common.secagg_messages import (
     UnmaskReply,
 )
 from common.secagg_proof import prove_shared_point
+from common.secagg_shamir import create_shares
 from protos import wire
 
 from .node import client_id_of, node_policy, node_root
@@ -183,10 +183,11 @@ def handle_share(message: Message, context: Context) -> Message:
     state.neighbours = node_ids(neighbours).tobytes()
     state.mask_keys, state.cipher_keys = request.mask_keys.tobytes(), request.cipher_keys.tobytes()
     state.identities = request.identities.tobytes() if state.verifies else b""
-    cipher_sk, tokens = private_key_from(state.cipher_sk), []
+    cipher_sk, tokens, state.pair_keys = private_key_from(state.cipher_sk), [], []
     signatures = [_share_signature(identity, session, own, own, seed_shares[0], key_shares[0])]
     for i, node in enumerate(neighbours, start=1):
         key = generate_shared_key(cipher_sk, public_key_from(state.public_key(state.cipher_keys, node)))
+        state.pair_keys.append(key)  # round 3 opens this neighbour's ciphertext with the same key
         signature = _share_signature(identity, session, own, node, seed_shares[i], key_shares[i])
         plaintext = share_plaintext(session, own, node, seed_shares[i], key_shares[i], signature)
         tokens.append(base64.urlsafe_b64decode(encrypt(key, plaintext)))  # raw bytes on the wire
@@ -279,9 +280,9 @@ def _receive_shares(
         raise Refused("a share from a node that is not this node's neighbour")
     if len(senders) + 1 < state.threshold:
         raise Refused(f"only {len(senders)} neighbours shared their keys; threshold {state.threshold} needs more")
-    cipher_sk, blamed = private_key_from(state.cipher_sk), []
+    blamed, index = [], {node: i for i, node in enumerate(state.neighbour_ids())}
     for sender, token in zip(senders, unpack_bytes(request.ciphertexts, request.lengths), strict=True):
-        key = generate_shared_key(cipher_sk, public_key_from(state.public_key(state.cipher_keys, sender)))
+        key = state.pair_keys[index[sender]]
         try:
             plaintext = decrypt(key, base64.urlsafe_b64encode(token))
             seed_share, key_share, signature = parse_share_plaintext(

@@ -31,7 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from .secagg import CURVE, PUBLIC_KEY_BYTES, SecAggError, public_key_bytes, session_digest
+from .secagg import CURVE, PUBLIC_KEY_BYTES, SecAggError, public_key_bytes, public_key_from, session_digest
 
 PEERS_FORMAT = "fedgan.secagg_peers/1"
 PEERS_FILE = "secagg-peers.json"
@@ -169,9 +169,8 @@ def verifies(identity: bytes, signature: bytes, message: bytes) -> bool:
     if len(signature) > MAX_SIGNATURE_BYTES:
         return False
     try:
-        key = ec.EllipticCurvePublicKey.from_encoded_point(CURVE, bytes(identity))
-        key.verify(bytes(signature), message, ec.ECDSA(hashes.SHA256()))
-    except (ValueError, InvalidSignature):
+        public_key_from(bytes(identity)).verify(bytes(signature), message, ec.ECDSA(hashes.SHA256()))
+    except (SecAggError, ValueError, InvalidSignature):
         return False
     return True
 

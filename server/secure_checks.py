@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.fernet import InvalidToken
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 
 from common.secagg import SecAggError, parse_share_plaintext, public_key_from, unpack_bytes
 from common.secagg_identity import advertise_message, digest, share_message, verifies
 from common.secagg_messages import UnmaskReply
 from common.secagg_proof import pair_key, verified_shared_point
+from common.secagg_shamir import combine_shares
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,11 @@ def collect_shares(replies: dict[int, UnmaskReply]) -> tuple[dict[int, list[Held
     return seeds, keys
 
 
+SECRET_BYTES = 32  # a self-mask seed and a mask key's scalar alike
+
+
 def _combine(shares: list[HeldShare]) -> bytes | None:
     try:
-        return combine_shares([h.share for h in shares])
+        return combine_shares([h.share for h in shares], SECRET_BYTES)
     except (ValueError, TypeError):
         return None

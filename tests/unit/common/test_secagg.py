@@ -146,3 +146,26 @@ def test_a_cohorts_graph_is_complete_when_small_and_sparse_with_a_majority_when_
     assert cohort_graph(1000, 0, 667) == (sparse_degree(1000), majority_threshold(sparse_degree(1000)))
     assert cohort_graph(100, 9, 60) == (10, majority_threshold(10))  # an odd degree asked is made even
     assert cohort_graph(8, 50, 6) == (7, 6)  # a degree at or above the complete graph's is the complete graph
+
+
+def test_shamir_over_the_prime_field_rebuilds_from_any_t_and_hides_below_t() -> None:
+    """The vectorised sharing (``common/secagg_shamir.py``): any t of n shares rebuild the secret
+    exactly, every subset does, shares are at distinct points, and t − 1 shares say nothing: the
+    first limb of t − 1 shares of two different secrets has the same (uniform) distribution."""
+    import itertools
+    import os
+
+    from scipy import stats
+
+    from common.secagg_shamir import P, combine_shares, create_shares
+
+    secret = os.urandom(32)
+    shares = create_shares(secret, 4, 7)
+    assert len({s[:4] for s in shares}) == 7
+    for subset in itertools.combinations(shares, 4):
+        assert combine_shares(list(subset), 32) == secret
+    with pytest.raises(ValueError, match="repeated"):
+        combine_shares([shares[0], shares[0], shares[1], shares[2]], 32)
+    for fixed in (bytes(32), b"\xff" * 32):  # t − 1 = 2 shares of either secret: uniform limbs
+        limbs = np.array([np.frombuffer(create_shares(fixed, 3, 5)[1][4:8], "<u4")[0] for _ in range(3000)])
+        assert limbs.max() < P and stats.kstest(limbs / P, "uniform").pvalue > 1e-4
