@@ -170,7 +170,7 @@ def handle_dataplane(message: Message, context: Context) -> Message:
     import subprocess
     import sys
 
-    from .worker import is_running, log_path
+    from .worker_files import is_running, log_path
 
     start = wire.decode(DataplaneStart, message.content)
     run_id, node_id = start.run_id, context.node_id

@@ -13,47 +13,15 @@ node makes a second start return "already running".
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import queue
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-LOCK_DIR = Path(tempfile.gettempdir()) / "fedgan-dataplane"
-
-
-def lock_path(run_id: int, node_id: int) -> Path:
-    return LOCK_DIR / f"{run_id}-{node_id}.lock"
-
-
-def log_path(run_id: int, node_id: int) -> Path:
-    return LOCK_DIR / f"{run_id}-{node_id}.log"
-
-
-def try_lock(path: Path) -> BinaryIO | None:
-    """The open, exclusively locked file, or None when another worker holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "ab")  # noqa: SIM115 - held for the worker's lifetime
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        return None
-    return handle
-
-
-def is_running(run_id: int, node_id: int) -> bool:
-    handle = try_lock(lock_path(run_id, node_id))
-    if handle is None:
-        return True
-    handle.close()
-    return False
-
+from .worker_files import lock_path, try_lock
 
 PRIVATE_NETWORK_KEY = "dataplane-private-network"
 

@@ -10,7 +10,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from common.data.public import PUBLIC_SOURCES
+from common.data.holdout import PUBLIC_SOURCES
 from common.data.synthetic import MAX_WRITERS
 from common.device import check_device_name
 from common.dpac import TRAIN_HELP, TRAIN_MODES

@@ -22,6 +22,7 @@ import torch
 from common.data.dataset import Dataset
 from common.data.errors import PartitionError
 from common.data.formats import read_tff_h5_writer, tff_writer_sizes
+from common.data.holdout import held_out, uses_writer_holdout
 from common.data.loading import dataset_num_classes, femnist_path, load_dataset
 from common.data.partition import (
     apply_inversion,
@@ -32,7 +33,6 @@ from common.data.partition import (
     partition_shards,
 )
 from common.data.protocol import protocol_validation
-from common.data.public import held_out, uses_writer_holdout
 from common.data.synthetic import synthetic_writer, synthetic_writer_labels
 
 if TYPE_CHECKING:

@@ -23,43 +23,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from common.data.clients import training_set
 from common.data.errors import PartitionError
 from common.data.formats import read_tff_h5_writer, tff_writer_sizes
-from common.data.loading import femnist_path
+from common.data.holdout import PUBLIC_SEED_OFFSET, PUBLIC_SOURCES, SYNTHETIC_PER_WRITER, held_out, uses_writer_holdout
+from common.data.loading import dataset_num_classes, femnist_path
 from common.data.synthetic import MAX_WRITERS, synthetic_writer
+
+__all__ = ["PUBLIC_SEED_OFFSET", "PUBLIC_SOURCES", "held_out", "public_arrays", "uses_writer_holdout"]
 
 if TYPE_CHECKING:
     from common.run_options import RunOptions
-
-PUBLIC_SOURCES = ("", "synthetic", "holdout")
-PUBLIC_SEED_OFFSET = 7_777_777  # the public synthetic writers' seed: cfg.seed + this
-_SYNTHETIC_PER_WRITER = 120
-_HOLDOUT_STREAM = 0x9B11C
-
-
-def held_out(cfg: RunOptions, n: int) -> np.ndarray:
-    """Sorted indices of the public slice of an ``n``-example training set (``holdout``, no writers)."""
-    if cfg.public_size >= n:
-        raise PartitionError(f"public_size={cfg.public_size} would hold out the whole training set of {n} examples")
-    rng = np.random.default_rng([cfg.seed, _HOLDOUT_STREAM])
-    return np.sort(rng.permutation(n)[: cfg.public_size])
-
-
-def uses_writer_holdout(cfg: RunOptions) -> bool:
-    """Whether the holdout is whole writers outside the federation (the per-writer data paths)."""
-    return cfg.partition == "writer" and cfg.dataset in ("synthetic", "femnist")
 
 
 def public_arrays(cfg: RunOptions) -> tuple[np.ndarray, np.ndarray]:
     """The public examples of ``cfg``: uint8 ``[n, 28, 28]`` images and int64 labels (empty: none)."""
     if cfg.public_data == "synthetic":
-        return _writers(cfg, lambda w: synthetic_writer(w, _SYNTHETIC_PER_WRITER, seed=cfg.seed + PUBLIC_SEED_OFFSET))
+        return _writers(cfg, lambda w: synthetic_writer(w, SYNTHETIC_PER_WRITER, seed=cfg.seed + PUBLIC_SEED_OFFSET))
     if cfg.public_data != "holdout":
         return np.zeros((0, 28, 28), np.uint8), np.zeros(0, np.int64)
     if uses_writer_holdout(cfg):
         return _writer_holdout(cfg)
-    from common.data.clients import training_set  # the cached training set (imports this module)
-
     dataset = training_set(cfg)
     index = held_out(cfg, len(dataset))
     return dataset.images[index], dataset.labels[index]
@@ -79,12 +63,13 @@ def _writer_holdout(cfg: RunOptions) -> tuple[np.ndarray, np.ndarray]:
     ids, _ = tff_writer_sizes(path)
     if len(ids) <= cfg.num_clients:
         raise PartitionError(f"{path} has {len(ids)} writers: none is left outside num_clients={cfg.num_clients}")
-    from common.data.clients import num_classes_for
 
     def read(w: int) -> tuple[np.ndarray, np.ndarray]:
         if cfg.num_clients + w >= len(ids):
             raise PartitionError(f"{path} runs out of writers before public_size={cfg.public_size} examples")
-        images, labels, _ = read_tff_h5_writer(path, cfg.num_clients + w, num_classes=num_classes_for(cfg))
+        images, labels, _ = read_tff_h5_writer(
+            path, cfg.num_clients + w, num_classes=dataset_num_classes(cfg.dataset, cfg.emnist_split)
+        )
         return images, labels
 
     return _writers(cfg, read)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import textwrap
 
-from . import compose
+from . import compose_services as compose
 
 SERVER_FILE = "docker-compose.server.yml"
 NODES_FILE = "docker-compose.nodes.yml"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,3 +123,87 @@ def test_every_module_is_this_checkouts(package):
                     continue  # ``from x import function``: the module itself was checked
                 file = getattr(imported, "__file__", None)
                 assert file is None or Path(file).resolve().is_relative_to(ROOT), f"{path}: {name} from {file}"
+
+
+def runtime_imports(path: Path) -> Iterator[str]:
+    """``imports(path)`` less those under ``if TYPE_CHECKING:`` (annotations only: no runtime arrow)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+
+
+def import_circles() -> list[list[str]]:
+    """Every strongly connected group of two or more project modules (Tarjan), lazy imports included."""
+    modules = {module_name(p): p for p in sources(*PACKAGES)}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def arrows(m: str, path: Path) -> set[str]:  # a module's own parent packages are initialising already
+        return {r for n in runtime_imports(path) if (r := resolve(n)) and r != m and not m.startswith(r + ".")}
+
+    graph = {m: arrows(m, p) for m, p in modules.items()}
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    """Issue 41: five circles had crept in (client app <-> worker, the data modules, GS-WGAN's client,
+    privacy and secure form, the compose renderers...); a circle hides which module is the lower one."""
+    assert import_circles() == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path, monkeypatch):
+    """The check above can fail: two modules that import each other are one circle."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg.a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("pkg",))
+    assert import_circles() == [["pkg.a", "pkg.b"]]

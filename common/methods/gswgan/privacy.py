@@ -22,6 +22,7 @@ from common.privacy.secure_release import fewest_survivors, release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
 
 from ..secure_sums import collusion_sentence, secure_rule
+from .secure_plan import plan
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -82,8 +83,6 @@ def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
     sigma/sqrt(B), void when the run uses a non-private option its nodes allowed."""
     nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=batch_size)
     if cfg.secure_aggregation:  # the step's sum, against a server that runs the protocol
-        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
-
         return release_events(plan(cfg), client_void(cfg))[0]
     return PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
 
@@ -95,7 +94,6 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     target = cfg.target_epsilon
     queries = math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants()))
     if cfg.secure_aggregation:  # the sums' Skellam, against a server that runs the protocol
-        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
 
         def epsilon(nm: float) -> float:
             return PrivacyLedger([plan(cfg, noise_multiplier=nm).protocol_event(max(queries, 1))]).epsilon(
@@ -179,8 +177,6 @@ def statement(
     delta, accountant = cfg.delta, cfg.accountant
     per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
     if cfg.secure_aggregation:
-        from .secure import plan  # noqa: PLC0415 - secure.py builds on this module
-
         t, k = secure_survivors(cfg), cfg.secagg_colluders
         secure = (
             f"Secure aggregation: the {cfg.clients_per_step} clients of a step answered the same fake batch and "

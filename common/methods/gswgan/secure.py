@@ -13,59 +13,25 @@ its own, so the step's gradient carries √t times less noise per client (t ≈ 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from common.privacy import query_noise_multiplier
 from common.privacy.dct import to_coefficients
 from common.privacy.sanitizer import clip_sample_grads
-from common.privacy.secure_release import (
-    SecureSumPlan,
-    client_vector,
-    plan_with_multiplier,
-    release_events,
-)
-from common.privacy.secure_release import (
-    fewest_survivors as _fewest,
-)
+from common.privacy.secure_release import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
 from ..secure_sums import deposit
 from .client import begin_answer, critic_phase
 from .messages import GsAnswer, GsQuery
 from .privacy import client_void
+from .secure_plan import coords, fewest_survivors, plan
+
+__all__ = ["coords", "fewest_survivors", "plan", "secure_answer"]
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
-    from common.methods import ExperimentConfig
-
-
-def fewest_survivors(cfg: ExperimentConfig) -> int:
-    """t of a step's sum over its m clients (``--secagg-threshold``, or ⌈2m/3⌉)."""
-    return _fewest(cfg.clients_per_step, cfg.secagg_threshold)
-
-
-def coords(cfg: ExperimentConfig) -> int:
-    """Coordinates of one sample's gradient as released (DCT coefficients or pixels)."""
-    return cfg.grad_dct**2 if cfg.grad_dct else 28 * 28
-
-
-def plan(cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> SecureSumPlan:
-    """B rows of ``coords`` clipped to C each (the answer's norm ≤ C√B), cohort m, survivors t, the
-    sum's noise multiplier σ/√B (or ``noise_multiplier`` per answer)."""
-    B = cfg.batch_size
-    nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=B)
-    nm = nm if noise_multiplier is None else noise_multiplier
-    return plan_with_multiplier(
-        dim=B * coords(cfg),
-        clip=cfg.clip * math.sqrt(B),
-        cohort=cfg.clients_per_step,
-        threshold=fewest_survivors(cfg),
-        sigma=nm,
-        colluders=cfg.secagg_colluders,
-    )
 
 
 def secure_answer(node: ClientNode, state: ClientState, query: GsQuery) -> GsAnswer:
