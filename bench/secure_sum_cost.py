@@ -6,7 +6,7 @@ counted by ``protos.wire.message_wire_bytes`` as summary.json's comm figures are
 
 - plain: the clipped vector as float32 in one DP-MERF release message (``train.dpmerf``);
 - secure: the same vector encoded as the distributed-noise plan says (clip, scale by 1/γ,
-  conditional rounding, the client's Skellam share; ``common.privacy.secure_release``) and summed by
+  conditional rounding, the client's Skellam share; ``common.secagg.plan``) and summed by
   the four rounds of SecAgg+ (``server.secure_sum``), at the modulus the plan gives for a target ε.
 
 The plan is calibrated (``plan_for``, one release, δ = 1e-5, clip 1/√10) at each target ε; the
@@ -45,7 +45,6 @@ sys.path.insert(0, str(ROOT))
 from client.app import app as client_app  # noqa: E402
 from client.secure_deposit import deposit_input  # noqa: E402
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease, MerfRequest  # noqa: E402
-from common.privacy.secure_release import SecureSumPlan, encode, plan_for  # noqa: E402
 from common.privacy.skellam import skellam_tail  # noqa: E402
 from common.secagg import (  # noqa: E402
     complete_degree,
@@ -55,6 +54,7 @@ from common.secagg import (  # noqa: E402
     required_bits,
     sparse_degree,
 )
+from common.secagg.plan import SecureSumPlan, encode, plan_for  # noqa: E402
 from protos import wire  # noqa: E402
 from server.secure_sum import STAGES, secure_sum  # noqa: E402
 from server.session import exchange_in_chunks  # noqa: E402

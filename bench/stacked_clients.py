@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_step import resident_clients, sync  # noqa: E402
-from common.codec import decode_grads  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
 from common.device import resolve_device  # noqa: E402
+from common.io.codec import decode_grads  # noqa: E402
 from common.methods import ExperimentConfig  # noqa: E402
 from common.methods.gswgan.client import PendingAnswer, answer_pending, stacked_critic_phase  # noqa: E402
 from common.methods.gswgan.critic import select_critic_fakes  # noqa: E402

@@ -25,6 +25,7 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from common.device import resolve_device
+from common.io.private_paths import CLIENT_STATE, mark_private
 from common.messages import (
     ACCURACY,
     DATAPLANE,
@@ -42,7 +43,6 @@ from common.messages import (
 from common.methods import METHODS, ExperimentConfig, method_of_message
 from common.methods.base import or_error
 from common.methods.protocol import refusal
-from common.private_paths import CLIENT_STATE, mark_private
 from protos import wire
 
 from .node import (
@@ -141,7 +141,7 @@ def handle_ledger(message: Message, context: Context) -> Message:
 def handle_accuracy(message: Message, context: Context) -> Message:
     """Debugging task: the shipped classifier's accuracy on local data, released with noise."""
     from common.data import num_classes_for
-    from common.selection import noisy_accuracy
+    from common.evaluation.selection import noisy_accuracy
 
     query = wire.decode(AccuracyQuery, message.content)
     node = Node(context)

@@ -11,7 +11,7 @@ again (audit 4, item 10); a deposit therefore outlives a session, under three ru
 - once a session has unmasked it, it is spent and deleted;
 - a session the node abandons (a newer one for the same deposit) is closed: it answers nothing more.
 
-The identity (``common/secagg_identity.py``): the node's signing key and the federation's published
+The identity (``common/secagg/identity.py``): the node's signing key and the federation's published
 keys, from its own root or node config; None when it has neither (it then verifies no peer).
 """
 
@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ArrayRecord, ConfigRecord, Context
 
 from common.secagg import DepositTerms, SecAggError, input_problem, public_key_bytes, session_problem
-from common.secagg_identity import (
+from common.secagg.identity import (
     SIMULATED_FILE,
     identity_path,
     load_identity,

@@ -18,8 +18,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context
 
 from common.secagg import NODE_IDS, PUBLIC_KEY_BYTES, unpack_bytes
-from common.secagg_identity import advertise_message, digest, share_message, verifies
-from common.secagg_messages import ShareKeys
+from common.secagg.identity import advertise_message, digest, share_message, verifies
+from common.secagg.messages import ShareKeys
 
 from .secure_deposit import Identity, Refused
 

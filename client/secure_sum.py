@@ -5,14 +5,14 @@ A caller on the node (a method's answer) deposits the node's input with ``deposi
 
 1. ``query.secagg_advertise``: check the sum against the protocol's rules, the node's own policy
    and its deposit's terms (floor, range, length), then make two fresh key pairs and sign them with
-   the node's identity (``common/secagg_identity.py``).
+   the node's identity (``common/secagg/identity.py``).
 2. ``query.secagg_share``: check each neighbour (a verifying node: its identity is one the federation
    published, distinct from the others, its signature valid), draw a self-mask seed, commit to it,
    Shamir-share it and the mask key among the neighbours (threshold t), sign each neighbour's shares
    and encrypt them for that neighbour alone.
 3. ``query.secagg_mask``: open what each neighbour sent; a share that does not decrypt, name this
    session and pair, or carry its owner's signature names that owner (``blamed``) with a proof the
-   server checks (``common/secagg_proof.py``), and the node masks nothing. Else the deposited input,
+   server checks (``common/secagg/proof.py``), and the node masks nothing. Else the deposited input,
    range-checked, plus the self mask and one pairwise mask per sender, mod 2^b.
 4. ``query.secagg_unmask``: give the server self-mask shares of the neighbours whose inputs are in
    the sum and key shares of those that dropped after sharing, never both for one node, each with
@@ -59,8 +59,8 @@ from common.secagg import (
     share_plaintext,
     unpack_bytes,
 )
-from common.secagg_identity import advertise_message, digest, seed_commitment, share_message, sign
-from common.secagg_messages import (
+from common.secagg.identity import advertise_message, digest, seed_commitment, share_message, sign
+from common.secagg.messages import (
     ADVERTISE,
     MASK,
     SHARE,
@@ -74,8 +74,8 @@ from common.secagg_messages import (
     Unmask,
     UnmaskReply,
 )
-from common.secagg_proof import prove_shared_point
-from common.secagg_shamir import create_shares
+from common.secagg.proof import prove_shared_point
+from common.secagg.shamir import create_shares
 from protos import wire
 
 from .node import client_id_of, node_policy, node_root

@@ -32,10 +32,10 @@ import torch
 from common.client_state import ClientState, adam_for, classifier_for, new_state
 from common.data import ClientData, client_arrays, client_data_from_arrays, num_classes_for, partition_key
 from common.device import resolve_device
+from common.io.tensor_files import load_tensors, save_tensors
+from common.learning.models import build_discriminator
 from common.methods import ExperimentConfig
-from common.models import build_discriminator
 from common.privacy import PrivacyLedger
-from common.tensor_files import load_tensors, save_tensors
 
 CACHE_SIZE = 32
 STATE_FORMAT = "fedgan.client_state/2"  # files without "format" are version 1 (no stored partition)

@@ -36,7 +36,7 @@ def private_network(node_config: dict) -> bool:
 def _channel(address: str, ca: str, private: bool = False):
     import grpc
 
-    from common.net import MAX_GRPC_MESSAGE, is_loopback
+    from common.io.net import MAX_GRPC_MESSAGE, is_loopback
 
     options = [
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
@@ -55,7 +55,7 @@ def _channel(address: str, ca: str, private: bool = False):
 def fragments(envelope):
     """``envelope`` as Envelopes of at most REPLY_FRAGMENT content bytes each, all but the last
     marked ``more``: the server's receive limit is 1 MiB, a paper-scale reply ~15 MB."""
-    from common.net import REPLY_FRAGMENT
+    from common.io.net import REPLY_FRAGMENT
 
     content = envelope.content
     if len(content) <= REPLY_FRAGMENT:
@@ -98,7 +98,7 @@ class Worker:
 
         The hello (run, node, token) travels in the call's metadata: the server checks it before the
         stream takes anything, so streams without it (a flood of them) cannot crowd this one out."""
-        from common.net import HELLO_METADATA_KEY
+        from common.io.net import HELLO_METADATA_KEY
         from protos import dataplane_pb2 as pb
         from protos import dataplane_pb2_grpc as pb_grpc
 

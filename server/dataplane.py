@@ -28,9 +28,9 @@ from flwr.app import Error, Message
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
+from common.io.net import MAX_GRPC_MESSAGE, is_loopback
 from common.messages import DATAPLANE, DataplaneReply, DataplaneStart
-from common.net import MAX_GRPC_MESSAGE, is_loopback
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 from protos import wire

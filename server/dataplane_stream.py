@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-from common.net import HELLO_METADATA_KEY, REPLY_FRAGMENT
+from common.io.net import HELLO_METADATA_KEY, REPLY_FRAGMENT
 from protos import dataplane_pb2 as pb
 from protos import dataplane_pb2_grpc as pb_grpc
 
@@ -101,7 +101,7 @@ class Session:
 
 MAX_HELLO_BYTES = 4096  # a hello is a run id, a node id and a 64-character token
 # gRPC has one receive limit per server, so workers send replies in fragments of at most
-# REPLY_FRAGMENT (common/net.py) bytes and the limit stays small.
+# REPLY_FRAGMENT (common/io/net.py) bytes and the limit stays small.
 MAX_WORKER_MESSAGE = 1024 * 1024
 # A whole reply, its fragments joined: the largest honest one is a paper-scale DPGAN generator
 # (3.8M float32 weights, ~15 MB); only replies the server asked for are buffered.

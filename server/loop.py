@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from common.comm import CommCounter
 from common.data import num_classes_for
+from common.io.progress import progress_bar
 from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
-from common.progress import progress_bar
 
 from .method_sums import count_bytes, run_method_sums
 from .release import write_release

@@ -26,10 +26,10 @@ import torch
 from PIL import Image
 
 from common.evaluation.grids import tile_images
+from common.io.private_paths import CLIENT_STATE, mark_private
+from common.io.tensor_files import UnsafeFileError, load_tensors, save_tensors
+from common.learning.models import device_of, sample_latent
 from common.methods import ExperimentConfig
-from common.models import device_of, sample_latent
-from common.private_paths import CLIENT_STATE, mark_private
-from common.tensor_files import UnsafeFileError, load_tensors, save_tensors
 
 CHECKPOINT = "checkpoint.pt"
 FAILURE_FILE = "failure.txt"  # why a run started by `flwr run` failed (the ServerApp writes it)

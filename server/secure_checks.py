@@ -4,7 +4,7 @@ shares that rebuild a secret.
 
 Every check names a *culprit* only on evidence a rogue cannot forge against an honest node: a
 signature the named node's identity made (or failed to make), or a Diffie-Hellman point proven to
-be the accuser's (``common/secagg_proof.py``). A blame that does not hold names the accuser.
+be the accuser's (``common/secagg/proof.py``). A blame that does not hold names the accuser.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from cryptography.fernet import InvalidToken
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 
 from common.secagg import SecAggError, parse_share_plaintext, public_key_from, unpack_bytes
-from common.secagg_identity import advertise_message, digest, share_message, verifies
-from common.secagg_messages import UnmaskReply
-from common.secagg_proof import pair_key, verified_shared_point
-from common.secagg_shamir import combine_shares
+from common.secagg.identity import advertise_message, digest, share_message, verifies
+from common.secagg.messages import UnmaskReply
+from common.secagg.proof import pair_key, verified_shared_point
+from common.secagg.shamir import combine_shares
 
 
 @dataclass(frozen=True)

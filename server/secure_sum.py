@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.secagg import (
     PUBLIC_KEY_BYTES,
     SecAggError,
@@ -49,8 +49,8 @@ from common.secagg import (
     session_problem,
     unpack_bytes,
 )
-from common.secagg_identity import seed_commitment
-from common.secagg_messages import (
+from common.secagg.identity import seed_commitment
+from common.secagg.messages import (
     ADVERTISE,
     MASK,
     SHARE,

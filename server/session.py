@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.messages import HELLO, Hello, HelloReply
 from common.methods import ExperimentConfig
 from protos import wire

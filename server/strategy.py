@@ -16,8 +16,8 @@ from typing import Any
 from flwr.app import RecordDict
 from torch import nn
 
-from common.codec import PayloadError
 from common.config import RunOptions
+from common.io.codec import PayloadError
 from common.messages import LEDGER, CarriedLedger, LedgerQuery
 from common.methods import Method, method
 from common.methods.protocol import PriorReleases, Reply, ServerSide, StepOutcome, SumRequest, SumResult

@@ -18,7 +18,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-from common.secagg_identity import provision_simulated
+from common.secagg.identity import provision_simulated
 from protos.wire import message_wire_bytes, runtime_message
 
 from .strategy import Incoming, Outgoing

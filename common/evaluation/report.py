@@ -18,7 +18,6 @@ Missing keys are left out; None reads "n/a". Other top-level keys are listed as 
 from __future__ import annotations
 
 import base64
-import html
 import json
 import os
 import statistics
@@ -29,6 +28,9 @@ from typing import Any
 from PIL import Image
 
 from common.evaluation.plots import client_epsilons, finite_or_none, format_bytes
+from common.evaluation.report_audit import audit_rows, read_audit, read_json
+from common.evaluation.report_text import escape as _e
+from common.evaluation.report_text import number as _num
 
 REPORT = "report.html"
 EVAL_ROWS = (  # key, label, kind of value
@@ -63,15 +65,6 @@ th{color:#444;font-weight:600;white-space:nowrap}td.num{font-variant-numeric:tab
 img.pixels{image-rendering:pixelated}figcaption{color:#444;font-size:.92em;margin-top:.3em}
 .missing{color:#a00}.statement{background:#f7f7f7;padding:.8em 1em;border-left:3px solid #c33}
 """
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any, fmt: str = ".4g") -> str:
-    v = finite_or_none(value)
-    return "n/a" if v is None else format(v, fmt)
 
 
 # --- evaluation figures ----------------------------------------------------------------------------
@@ -300,30 +293,6 @@ def _latest_samples(run_dir: Path) -> Path | None:
     return grids[-1] if grids else None
 
 
-def audit_rows(audit: dict) -> list[tuple[str, str]]:
-    """``fedgan audit``'s figures (audit.json) as rows: the ledger's ε beside what the canaries showed."""
-    rows = [
-        (
-            "canaries",
-            f"{audit['canaries']} ({audit['inserted']} inserted), {audit['releases_per_canary']} release(s) each",
-        ),
-        ("ledger ε (what the canaries' ledgers print)", _num(audit.get("epsilon_ledger"))),
-        ("ε of the Gaussian curve the ledger claims", _num(audit.get("epsilon_gaussian_exact"))),
-        (
-            f"audited lower bounds ({audit['confidence']:.0%} confidence, δ = {audit['delta']:g})",
-            f"one-run {_num(audit['epsilon_one_run'], '.3g')} · Clopper–Pearson "
-            f"{_num(audit['epsilon_clopper_pearson'], '.3g')} · "
-            f"Gaussian {_num(audit['epsilon_gaussian_lower'], '.3g')}",
-        ),
-        ("attack", f"TPR {audit['tpr']:.3f} at FPR {audit['fpr']:.3f}"),
-        ("verdict", "VIOLATED: a lower bound exceeds the ledger's ε" if audit["violated"] else "consistent"),
-    ]
-    member = audit.get("membership")
-    if member:
-        rows.append(("black box (nearest generated sample)", f"AUC {member['auc']:.3f}"))
-    return rows
-
-
 def render_report(
     summary: dict, eval_result: dict | None, plots: dict[str, Any], *, title: str, audit: dict | None = None
 ) -> str:
@@ -348,7 +317,7 @@ def render_report(
         "<h2>Privacy statement</h2>",
         f'<p class="statement">{_e(summary.get("privacy_statement") or "No privacy statement recorded.")}</p>',
     ]
-    if audit and "unreadable" in audit:  # see _read_audit
+    if audit and "unreadable" in audit:  # see read_audit
         parts += [f'<h2>Privacy audit</h2><p class="missing">{_e(audit["unreadable"])}</p>']
     elif audit:
         parts += [f"<h2>Privacy audit</h2><p>{_e(audit.get('design', ''))}</p>", _table(audit_rows(audit))]
@@ -375,7 +344,7 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
             f"{summary_path} does not exist: report.html is written for a finished "
             "run (its summary.json is written at the end)"
         )
-    summary = _read_json(summary_path)
+    summary = read_json(summary_path)
     if not isinstance(summary, dict):
         raise ValueError(f"{summary_path} is corrupt: it holds a {type(summary).__name__}, not an object")
     plots = dict(plots or {})
@@ -385,40 +354,10 @@ def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path]
         plots["samples"] = (latest, f"Samples of the released (EMA) generator at step {step}, one row per class.")
     if title is None:
         title = f"fedgan run: {summary.get('strategy', '?')} on {summary.get('dataset', '?')} ({run_dir.name})"
-    audit = _read_audit(run_dir / "audit.json")
+    audit = read_audit(run_dir / "audit.json")
     page = render_report(summary, eval_result, plots, title=title, audit=audit)
     path = run_dir / REPORT
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, path)
     return path
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON in ``path``, or a ValueError naming the file (the parser's own message names none)."""
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is corrupt: {err}") from err
-
-
-def _read_audit(path: Path) -> dict | None:
-    """audit.json for the report's audit section; one that cannot be read is noted there
-    (``{"unreadable": why}``) instead of failing the report, which `fedgan evaluate` writes after
-    all its work; the file is kept as it is (`fedgan audit` rewrites it)."""
-    if not path.is_file():
-        return None
-    try:
-        audit = _read_json(path)
-        if not isinstance(audit, dict):
-            raise ValueError(f"{path} is corrupt: it holds a {type(audit).__name__}, not an object")
-        audit_rows(audit)  # every figure the section shows is there
-    except ValueError as err:
-        reason = str(err)
-    except KeyError as err:
-        reason = f"{path} is incomplete (no {err.args[0]})"
-    except TypeError as err:
-        reason = f"{path} is malformed ({err})"
-    else:
-        return audit
-    return {"unreadable": f"{reason}; run `fedgan audit` again to rewrite it"}

@@ -19,7 +19,7 @@ from common.config import compose_config
 from common.messages import SHARED
 from common.options import check, option
 from common.privacy import RunTerms
-from common.privacy.secure_release import fewest_survivors
+from common.secagg.plan import fewest_survivors
 
 from .protocol import Method
 

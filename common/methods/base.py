@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.records import ClientRecords, LedgerClaim
-from common.privacy.secure_release import SecureSumPlan, release_events
 from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
+from common.secagg.plan import SecureSumPlan, release_events
 
 from .protocol import ClientNode, PriorReleases, Reply, StepOutcome, SumRequest, SumResult
 from .secure_sums import SecureSums, secure_kind, secure_rule

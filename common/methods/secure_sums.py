@@ -1,7 +1,7 @@
 """A method's server side through secure sums, whatever it sums (DP-MERF's summaries, GS-WGAN's
 gradients): the sessions it opens, who deposited, the sums it asks the shells to run
 (``SumRequest``), what they revealed, and the second guarantee, against a server that deviates,
-from records of its own (``common/privacy/secure_release.py`` has the plan and its events).
+from records of its own (``common/secagg/plan.py`` has the plan and its events).
 
 The server never holds a client's vector: it asks the clients of a session to deposit their encoded
 release on their node, then asks the shells for one SecAgg+ sum per session over the nodes that
@@ -20,15 +20,15 @@ from common.options import check
 from common.privacy.ledger import PrivacyLedger
 from common.privacy.policy import DEFAULT_MIN_SECAGG_COHORT
 from common.privacy.records import ClientRecords
-from common.privacy.secure_release import (
+from common.privacy.statement import fmt_epsilon, server_entry
+from common.secagg import cohort_graph, fewest_inputs
+from common.secagg.plan import (
     SecureSumPlan,
     colluding_event,
     coordinate_range,
     fewest_survivors,
     release_events,
 )
-from common.privacy.statement import fmt_epsilon, server_entry
-from common.secagg import cohort_graph, fewest_inputs
 
 from .protocol import ClientNode, StepOutcome, SumRequest, SumResult
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from client.worker import PRIVATE_NETWORK_KEY
-from common.private_paths import CLIENT_STATE, mark_private
-from common.secagg_identity import provision
+from common.io.private_paths import CLIENT_STATE, mark_private
+from common.secagg.identity import provision
 
 from . import netns, pki
 from .processes import spawn, terminate

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from common.io.net import is_host, shown_address
 
 VALID_DAYS = 30
 
@@ -117,22 +118,15 @@ NODE_HOLDS = "this SuperNode's private key (SuperNode authentication)"
 COMPOSE_SERVICES = ("superlink", "serverapp")
 # A key pair and a folder each (a few ms): far above any deployment; 10^9 had made 321 MB in 4 minutes.
 MAX_NODES = 10_000
-# One label of a DNS name (RFC 1123): letters, digits and inner hyphens, as a certificate's name needs.
-_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def server_host_problem(host: str) -> str:
     """Why ``host`` cannot be named in the server's certificate ("" when it can): an IP address, or a
     DNS name of dot-separated labels (at most 63 characters each, 253 in all). A malformed name gave a
     certificate no node could verify, found only when the deployment failed to connect."""
-    try:
-        ipaddress.ip_address(host)
+    if not host.endswith(".") and is_host(host, underscores=False):  # a certificate names no trailing dot
         return ""
-    except ValueError:
-        pass
-    if 0 < len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in host.split(".")):
-        return ""
-    shown = host if len(host) <= 60 else f"{host[:60]}... ({len(host):,} characters)"
+    shown = shown_address(host)
     return (
         f"invalid --server-host {shown!r}: give an IP address or a DNS name (letters, digits and inner hyphens, "
         "dot-separated labels of at most 63 characters)"
@@ -177,7 +171,7 @@ def make_hosts(folder: Path, *, server_hosts: list[str], num_nodes: int) -> dict
     every ``supernode-<i>.pub`` to register; ``supernode-<i>/``: ca.crt and that node's private key.
     Folders holding a private key get a DO_NOT_PUBLISH.txt. Existing files are never replaced.
     """
-    from common.private_paths import mark_private
+    from common.io.private_paths import mark_private
 
     check_request(server_hosts, num_nodes)
     check_new_folder(folder)

@@ -165,7 +165,7 @@ def run_on_deployment(dep: LocalDeployment, cfg: ExperimentConfig) -> int:
 
 def _follow(dep: LocalDeployment, run_id: str, run_path: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     """Wait for the run, with a progress bar fed by the ServerApp's progress.json."""
-    from common.progress import progress_bar
+    from common.io.progress import progress_bar
 
     bar = progress_bar(
         total=cfg.steps,

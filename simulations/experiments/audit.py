@@ -247,7 +247,7 @@ def read_run_files(run: Any, *, mia_samples: int) -> RunFiles:
     RunDirectoryError naming the file (and its field) otherwise."""
     from server.reporting import RunDirectoryError, check_writable
 
-    from .evaluate import read_json, read_summary
+    from .run_files import read_json, read_summary
 
     check_writable(run.path, "audit writes audit.json, plots/ and report.html there (copy the run somewhere writable)")
     privacy_path = run.path / "privacy.json"
@@ -272,7 +272,7 @@ def read_privacy(path: Any) -> dict[str, Any]:
     """privacy.json, checked to hold what the audit reads: its clients, each with its queries and ε."""
     from server.reporting import RunDirectoryError
 
-    from .evaluate import malformed_clients, read_json
+    from .run_files import malformed_clients, read_json
 
     privacy = read_json(path)
     if not isinstance(privacy, dict):

@@ -20,9 +20,9 @@ import torch
 from common.data import data_root, invert_clients, num_classes_for
 from common.evaluation.domain_classifier import load_or_train_domain_classifier
 from common.evaluation.grids import side_by_side
+from common.learning.models import build_generator, sample_latent
 from common.messages import ACCURACY, AccuracyQuery, AccuracyReply
 from common.methods import ExperimentConfig, method
-from common.models import build_generator, sample_latent
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
 from protos import wire

@@ -84,7 +84,7 @@ def _recorded_address(path: Path) -> str:
 
 def _checked(address: str, source: str) -> str:
     """``address``, read from ``source``, if it is a GCS address (HOST:PORT); a RayClusterError naming both if not."""
-    from common.run_options import ray_address_problem, shown_address  # here: the probe's child never needs it
+    from common.io.net import ray_address_problem, shown_address
 
     problem = ray_address_problem(address)
     if problem or address == "auto":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.methods import ExperimentConfig
-from common.secagg_identity import provision_simulated
+from common.secagg.identity import provision_simulated
 from server.reporting import RunDirectory
 
 T = TypeVar("T")
@@ -134,7 +134,7 @@ def run_on_transport(
     real nodes sets their node config's ``state-dir``); the server never tells a node where.
     ``ray``: the Ray instance Flower's simulation runs on (default: a fresh local one of our own).
     ``secure``: the run releases through secure sums: the simulated nodes get identities in
-    ``node_state`` and the server the published keys (``common/secagg_identity.py``), as an operator
+    ``node_state`` and the server the published keys (``common/secagg/identity.py``), as an operator
     provisions real nodes, so each node verifies its peers."""
     from common.privacy.node_ledger import NODE_STATE_ENV
 

@@ -85,7 +85,7 @@ def started(tmp_path, n=1, **settings) -> tuple[GrpcTransport, InProcessTranspor
 
 def hello_metadata(hello) -> tuple:
     """The call metadata a worker sends: its Hello, serialized (``hello``: a pb.Hello or raw bytes)."""
-    from common.net import HELLO_METADATA_KEY
+    from common.io.net import HELLO_METADATA_KEY
 
     return ((HELLO_METADATA_KEY, hello if isinstance(hello, bytes) else hello.SerializeToString()),)
 

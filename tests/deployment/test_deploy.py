@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
+from common.io.private_paths import MARKER
 from common.methods import ExperimentConfig
-from common.private_paths import MARKER
 from protos import fedgan_pb2 as pb
 from simulations.deploy import netns, pki
 from simulations.deploy.local import LocalDeployment

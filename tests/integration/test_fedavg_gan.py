@@ -40,7 +40,7 @@ def test_fedavg_gan_rounds_participation_and_privacy(tmp_path, runner, trust_ser
     assert amp["sample_rate"] == 0.75 and amp["steps"] == 3 and amp["epsilon"] > 0
     assert amp["sampling"] == "poisson" and written["not_private"] == []
     # Both directions carry a whole discriminator (down also G): far more than its raw float32 size.
-    from common.models import build_discriminator, count_params
+    from common.learning.models import build_discriminator, count_params
 
     d_bytes = 4 * count_params(build_discriminator("tiny"))
     assert written["comm"]["bytes_per_step"]["up"] > d_bytes

@@ -140,7 +140,7 @@ def test_lean_wire_sends_uint8_samples_and_float16_gradients(tmp_path):
 def test_without_noise_the_generator_moves_toward_the_data(tmp_path):
     """Catches a wrong sign or scale anywhere between the client's gradient and G's update."""
     from common.data import load_client_partition
-    from common.models import build_generator, sample_latent
+    from common.learning.models import build_generator, sample_latent
 
     cfg = cfg_for(
         tmp_path,
@@ -313,7 +313,7 @@ def test_every_private_folder_says_so_itself(tmp_path):
     """Issue 23, item 18: a node's state directory (its raw partition, D_k, ledger) was marked only
     in privacy.json. Each node marks its own (``state-dir`` from its node config, as on a real node
     or a compose volume) at the hello, and the run marks its clients/ folder."""
-    from common.private_paths import MARKER
+    from common.io.private_paths import MARKER
 
     cfg = cfg_for(tmp_path, steps=2)
     disks = {i: tmp_path / f"node-{i}" for i in range(cfg.num_clients)}

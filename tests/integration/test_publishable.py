@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from common.models import build_generator
+from common.learning.models import build_generator
 from simulations.cli import main
 from tests.helpers import TRUST_SERVER_POLICY, tiny_flags
 

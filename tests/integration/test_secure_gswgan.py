@@ -99,7 +99,7 @@ def test_the_deviating_servers_figure_composes_every_run_on_a_nodes_state(tmp_pa
     release.json published the smaller. Now the client keeps its own-share ledger beside its ledger
     and the report takes the larger: both figures compose the same releases."""
     from common.methods.secure_sums import KIND_DEVIATING
-    from common.privacy.secure_release import release_events
+    from common.secagg.plan import release_events
 
     nodes = tmp_path / "nodes"
     for name in ("first", "second"):

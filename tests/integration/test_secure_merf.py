@@ -19,7 +19,7 @@ from common.methods.dp_merf.features import RANDOM_FOURIER
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease
 from common.privacy import PrivacyLedger
 from common.privacy.node_ledger import read_node_book
-from common.privacy.secure_release import client_vector, coordinate_range
+from common.secagg.plan import client_vector, coordinate_range
 from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory

@@ -20,7 +20,7 @@ from common.methods.dp_merf.features import RANDOM_FOURIER
 from common.methods.dp_ntk.features import TANGENT
 from common.methods.fedavg_gan import secure as fedavg_secure
 from common.methods.gswgan import secure as gswgan_secure
-from common.privacy.secure_release import SecureSumPlan, client_vector, coordinate_range, release_events
+from common.secagg.plan import SecureSumPlan, client_vector, coordinate_range, release_events
 from server.secure_sum import secure_sum
 from server.transport import InProcessTransport
 from tests.helpers import tiny_cfg
@@ -106,7 +106,7 @@ def test_colluders_are_stated_and_calibrated_for(tmp_path) -> None:
     what one more colluder would cost."""
     from common.methods import prepare
     from common.privacy import PrivacyLedger
-    from common.privacy.secure_release import colluding_event
+    from common.secagg.plan import colluding_event
 
     def run_plan(k: int) -> tuple[SecureSumPlan, float, float]:
         cfg = prepare(

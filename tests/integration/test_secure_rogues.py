@@ -17,10 +17,10 @@ from client.secure_deposit import deposit_input
 from common.methods import prepare
 from common.methods.gswgan import secure
 from common.privacy import PrivacyLedger
-from common.privacy.secure_release import release_events
 from common.secagg import new_private_key, public_key_bytes
-from common.secagg_identity import identity_path, peers_path, provision, provision_simulated
-from common.secagg_messages import ADVERTISE, MASK, SHARE, UNMASK, AdvertiseReply, MaskedInput, ShareReply, UnmaskReply
+from common.secagg.identity import identity_path, peers_path, provision, provision_simulated
+from common.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK, AdvertiseReply, MaskedInput, ShareReply, UnmaskReply
+from common.secagg.plan import release_events
 from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory
@@ -63,7 +63,7 @@ def test_two_node_ids_under_one_identity_are_named(tmp_path) -> None:
     twin = {4: {"secagg-identity": str(tmp_path / "twin.pem"), "secagg-peers": str(peers_path(tmp_path))}}
     transport = InProcessTransport(client_app, 5, node_state=tmp_path, node_configs=twin, secagg_identities=True)
     from client.secure_deposit import node_identity
-    from common.secagg_identity import _write_private
+    from common.secagg.identity import _write_private
 
     identity, _ = node_identity({"state-dir": str(tmp_path)}, str(tmp_path), 3)
     _write_private(tmp_path / "twin.pem", identity.key)  # node 4 holds node 3's identity

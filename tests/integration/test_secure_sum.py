@@ -13,7 +13,7 @@ from scipy import stats
 from client.app import app as client_app
 from client.secure_sum import deposit_input
 from common.secagg import SecAggError, mask_dtype, required_bits
-from common.secagg_messages import ADVERTISE, MASK, SHARE, UNMASK, AdvertiseKeys, AdvertiseReply, MaskedInput
+from common.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK, AdvertiseKeys, AdvertiseReply, MaskedInput
 from protos import wire
 from server.secure_sum import SecureSumResult, secure_sum
 from server.strategy import Outgoing
@@ -274,7 +274,7 @@ def test_a_node_will_not_unmask_for_a_server_that_calls_survivors_dropped() -> N
     """A server deviating in the last round (every survivor listed as dropped, to get the mask keys
     of nodes whose masked inputs it holds) is refused by every node: fewer than t inputs of its
     neighbourhood would be in the sum."""
-    from common.secagg_messages import Unmask
+    from common.secagg.messages import Unmask
 
     transport, nodes = cohort(4)
     honest = transport.exchange

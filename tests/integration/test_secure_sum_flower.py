@@ -8,7 +8,7 @@ import numpy as np
 
 from client.app import app as client_app
 from client.secure_sum import deposit_input
-from common.secagg_messages import ADVERTISE, AdvertiseKeys
+from common.secagg.messages import ADVERTISE, AdvertiseKeys
 from protos import wire
 from server.secure_sum import secure_sum
 from server.transport import InProcessTransport

@@ -78,8 +78,8 @@ def test_a_client_state_file_that_would_run_code_is_refused(tmp_path):
 
 
 def test_a_dpgan_node_file_that_would_run_code_is_refused(tmp_path):
+    from common.io.tensor_files import UnsafeFileError
     from common.methods.dpgan import storage as dpgan
-    from common.tensor_files import UnsafeFileError
 
     marker = tmp_path / "code-ran"
     _hostile(dpgan.node_path(tmp_path), marker, ledger={"format": "x", "history": []})

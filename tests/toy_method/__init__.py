@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from common.learning.models import GeneratorEMA, build_generator
 from common.methods.base import MethodBase, ServerBase
 from common.methods.protocol import ClientNode, PriorReleases, Reply, StepOutcome, refusal
-from common.models import GeneratorEMA, build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.sanitizer import release_noise_source
 from common.privacy.statement import KIND_PER_CLIENT, assemble, per_client_sentence
@@ -48,7 +48,7 @@ class ToyReply:
     reason: str = ""
 
     def decoded(self, *, step: int) -> ToyReply:
-        from common.codec import PayloadError
+        from common.io.codec import PayloadError
 
         if self.step != step:
             raise PayloadError(f"the reply is for step {self.step}, expected step {step}")

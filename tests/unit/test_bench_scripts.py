@@ -231,7 +231,7 @@ def test_gpu_protocol_runs_carries_slim_runs_and_takes_back_only_the_protocol_fi
 
     import torch
 
-    from common.tensor_files import load_tensors, save_tensors
+    from common.io.tensor_files import load_tensors, save_tensors
 
     module = load_bench(ROOT / "scripts" / "gpu_protocol_runs.py", monkeypatch)
     runs = []

@@ -11,8 +11,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.codec import PayloadError
 from common.config import ConfigError
+from common.io.codec import PayloadError
 from common.methods import ExperimentConfig, catalogue
 from common.methods.gswgan.messages import GsAnswer
 from protos import wire

@@ -13,7 +13,7 @@ from common.data import num_classes_for
 from common.device import resolve_device
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.sanitizer import release_noise_source
-from common.privacy.secure_release import client_vector, release_events
+from common.secagg.plan import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
 from ..secure_sums import deposit

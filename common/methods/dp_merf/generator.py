@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from common.device import resolve_device
-from common.models import GeneratorEMA, build_generator, sample_latent
+from common.learning.models import GeneratorEMA, build_generator, sample_latent
 
 from .features import FeatureFamily
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 
 MSG_EMBED = "train.dpmerf"  # Flower routes by category ("train") and action
 

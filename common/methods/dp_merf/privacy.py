@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from common.calibration import ledger_epsilon, smallest_noise
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
-from common.privacy.secure_release import release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence
+from common.secagg.plan import release_events
 
 from ..secure_sums import collusion_sentence, secure_rule
 from . import secure

@@ -2,7 +2,7 @@
 
 Each client clips its summary to S, scales it to integers of granularity γ = S/2^14, rounds it
 conditionally (its norm bounded, Kairouz et al. 2021) and adds a Skellam share Sk(μ/t) per
-coordinate (``common/privacy/secure_release.py``); the vector is deposited on the node and only a
+coordinate (``common/secagg/plan.py``); the vector is deposited on the node and only a
 SecAgg+ sum over its cohort of c clients is revealed (``server/secure_sum.py``), never of fewer than
 t inputs. The revealed sum therefore carries at least Sk(μ): one client's whole noise instead of
 each client's, so the mean the generator is fitted to carries the noise of K/t releases instead of
@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from common.data import num_classes_for
-from common.privacy.secure_release import SecureSumPlan, plan_with_multiplier
-from common.privacy.secure_release import fewest_survivors as _fewest
+from common.secagg.plan import SecureSumPlan, plan_with_multiplier
+from common.secagg.plan import fewest_survivors as _fewest
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from common.models import on_cpu
+from common.learning.models import on_cpu
 from common.privacy.node_ledger import read_node_book
 
 from ..protocol import ClientNode, refusal

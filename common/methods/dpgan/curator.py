@@ -17,12 +17,12 @@ import torch.nn.functional as F
 
 from common.data import load_client_partition, num_classes_for
 from common.device import resolve_device
-from common.dpac import build_classifier
-from common.models import build_generator, sample_latent
+from common.learning.dpac import build_classifier
+from common.learning.models import build_generator, sample_latent
+from common.learning.public_warmup import pretrain_gan, public_batch
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.node_ledger import pooled_event
-from common.public_warmup import pretrain_gan, public_batch
 
 from .adaptive import AdaptiveND
 from .dp_classifier import DpClassifierTrainer

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.dpac import run_mode
+from common.learning.dpac import run_mode
 
 from .dpsgd import _check_trainer_args, _wrap, frozen_module, hooks_disabled
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from common.models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
+from common.learning.models import PRESET_SPECS, DiscriminatorSpec, ProjectionDiscriminator
 from common.privacy.analysis import Event
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.messages import StateDict, Stats
 
 MSG_ROUND = "train.dpgan"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from common.calibration import subsampled_noise
-from common.dpac import REAL_DATA_MODES
+from common.learning.dpac import REAL_DATA_MODES
 from common.options import check
 from common.privacy import PrivacyLedger
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, client_entry, fmt_epsilon

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from common.device import resolve_device
-from common.models import GeneratorEMA, build_generator
+from common.learning.models import GeneratorEMA, build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.records import LedgerClaim

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.io.tensor_files import load_tensors, save_tensors
 from common.privacy import PrivacyLedger
-from common.tensor_files import load_tensors, save_tensors
 
 from .curator import DpganNode, new_node
 

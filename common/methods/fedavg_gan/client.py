@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from common.losses import critic_step
-from common.models import build_discriminator, build_generator, device_of, on_cpu, sample_latent
+from common.learning.losses import critic_step
+from common.learning.models import build_discriminator, build_generator, device_of, on_cpu, sample_latent
 
 from .dp_fedavg import Delta, flatten_delta, weights_only
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.messages import StateDict
 
 from .dp_fedavg import delta_mismatch

@@ -4,7 +4,7 @@ sum of a round's deltas.
 Each round the server draws m clients uniformly (not Poisson: no amplification is claimed, so the
 draw only has to give the sum its t inputs); each runs its local steps, clips its flattened delta to
 S, scales it to integers of granularity γ = S/2^14, rounds it conditionally and adds a Skellam share
-Sk(μ/t) (``common/privacy/secure_release.py``); only the SecAgg+ sum of at least t deltas is revealed.
+Sk(μ/t) (``common/secagg/plan.py``); only the SecAgg+ sum of at least t deltas is revealed.
 The sum carries Sk(μ) with μ set so that its noise multiplier is z, as the server's N(0, (zS)²)
 was: the server divides it by m and applies it. Against a server that runs the protocol a client's
 ε is one Skellam mechanism (multiplier z) per round it took part in, composed without
@@ -23,10 +23,10 @@ import torch
 
 from common.calibration import smallest_noise
 from common.data import num_classes_for
-from common.models import build_discriminator
+from common.learning.models import build_discriminator
 from common.privacy import PrivacyLedger
-from common.privacy.secure_release import SecureSumPlan, client_vector, plan_with_multiplier, release_events
-from common.privacy.secure_release import fewest_survivors as _fewest
+from common.secagg.plan import SecureSumPlan, client_vector, plan_with_multiplier, release_events
+from common.secagg.plan import fewest_survivors as _fewest
 
 from ..protocol import ClientNode, refusal
 from ..secure_sums import deposit

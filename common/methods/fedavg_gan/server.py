@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from common.device import resolve_device
-from common.models import GeneratorEMA, build_discriminator, build_generator, device_of, on_cpu, sample_latent
+from common.learning.models import GeneratorEMA, build_discriminator, build_generator, device_of, on_cpu, sample_latent
+from common.learning.public_warmup import warm_gan_on_public
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
-from common.public_warmup import warm_gan_on_public
 
 from ..base import ServerBase
 from ..protocol import Reply, StepOutcome, SumResult

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from common.codec import decode_grads
+from common.io.codec import decode_grads
 from common.privacy import NodePolicy
 from common.privacy.dct import to_pixels
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from common.client_state import ClientState
-from common.codec import encode_grads
 from common.data import num_classes_for
-from common.models import device_of
+from common.io.codec import encode_grads
+from common.learning.models import device_of
 from common.privacy import NodePolicy, sanitize_sample_grads
 from common.privacy.dct import to_coefficients
 from common.privacy.events import VOID_CLIENT_STATS

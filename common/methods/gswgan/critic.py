@@ -14,10 +14,10 @@ import torch
 
 from common.client_state import ClientState, client_seed
 from common.data import num_classes_for
-from common.dpac import classifier_step, train_classifier
-from common.losses import draw_alpha
-from common.models import build_generator, device_of, sample_latent
-from common.public_warmup import public_batch
+from common.learning.dpac import classifier_step, train_classifier
+from common.learning.losses import draw_alpha
+from common.learning.models import build_generator, device_of, sample_latent
+from common.learning.public_warmup import public_batch
 
 from . import critic_graph
 

@@ -9,8 +9,8 @@ CUDA graph issues the same kernels with one launch.
 
 How: a *slot* holds one template discriminator and a capturable Adam whose tensors keep fixed
 addresses, with static input buffers, and two graphs captured on them: one critic step
-(``common.losses.critic_step``) and the release's per-sample gradient
-(``common.losses.generator_sample_grads``). A client's critic phase copies its weights,
+(``common.learning.losses.critic_step``) and the release's per-sample gradient
+(``common.learning.losses.generator_sample_grads``). A client's critic phase copies its weights,
 power-iteration vectors and Adam moments into the slot, copies each batch into the static inputs
 and replays, then copies everything back (``CriticSession``). The client draws its real batches and
 the penalty's interpolation weights from its own RNG on the host in the order the eager path draws
@@ -34,9 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from common.client_state import ClientState
-from common.dpac import combined_sample_grads
-from common.losses import critic_loss, critic_step, generator_sample_grads
-from common.models import IMAGE_SHAPE, ProjectionDiscriminator, device_of
+from common.learning.dpac import combined_sample_grads
+from common.learning.losses import critic_loss, critic_step, generator_sample_grads
+from common.learning.models import IMAGE_SHAPE, ProjectionDiscriminator, device_of
 
 from .critic_stack import _plain_adam
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.client_state import ClientState
-from common.models import IMAGE_SHAPE, ProjectionDiscriminator
+from common.learning.models import IMAGE_SHAPE, ProjectionDiscriminator
 
 CONVS = ("convs.0", "convs.1", "convs.2")
 SN_LAYERS = (*CONVS, "linear", "embed")
@@ -142,7 +142,7 @@ class StackedCritics:
         gp_weight: float,
         drift: float,
     ) -> dict[str, Tensor]:
-        """One WGAN-GP step of every client (``common.losses.critic_step`` per client), each on its
+        """One WGAN-GP step of every client (``common.learning.losses.critic_step`` per client), each on its
         own ``[m, B, ...]`` slice; ``alpha`` ``[m, B, 1, 1, 1]`` are the interpolation weights each
         client drew. Returns each statistic as an ``[m]`` tensor (before the step)."""
         B = real.shape[1]
@@ -165,7 +165,7 @@ class StackedCritics:
 
     def sample_grads(self, fake: Tensor, y: Tensor) -> Tensor:
         """Per client and sample ``d(-D_k(x_i, y_i)) / dx_i``, ``[m, B, ...]`` like ``fake``
-        (``common.losses.generator_sample_grads`` per client)."""
+        (``common.learning.losses.generator_sample_grads`` per client)."""
         x = fake.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(-self.scores(x, y).sum(), x)
         return grad

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from common.device import resolve_device
-from common.models import GeneratorEMA, build_discriminator, build_generator, sample_latent
+from common.learning.models import GeneratorEMA, build_discriminator, build_generator, sample_latent
+from common.learning.public_warmup import warm_gan_on_public
 from common.privacy.dct import to_pixels
-from common.public_warmup import warm_gan_on_public
 
 from .generator_graph import GeneratorGraph
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from common.models import IMAGE_SHAPE, GeneratorEMA
+from common.learning.models import IMAGE_SHAPE, GeneratorEMA
 
 CAPTURE_WARMUP_ITERS = 3
 

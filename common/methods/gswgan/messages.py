@@ -1,6 +1,6 @@
 """GS-WGAN's messages: ``train.gswgan`` carries a ``GsQuery`` and its ``GsAnswer``.
 
-The query's samples and the answer's gradients travel in the array encodings of ``common/codec.py``;
+The query's samples and the answer's gradients travel in the array encodings of ``common/io/codec.py``;
 each payload's ``decoded`` validates it against what its receiver expects (``protos/wire.py`` calls
 it), so what reaches a model has been checked at the boundary.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.codec import PayloadError, decode_grads, decode_labels, decode_samples
+from common.io.codec import PayloadError, decode_grads, decode_labels, decode_samples
 
 MSG_QUERY = "train.gswgan"
 

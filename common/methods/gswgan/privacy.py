@@ -18,8 +18,8 @@ import numpy as np
 from common.calibration import ledger_epsilon, smallest_noise
 from common.privacy import PrivacyEvent, PrivacyLedger, query_noise_multiplier
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
-from common.privacy.secure_release import fewest_survivors, release_events
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
+from common.secagg.plan import fewest_survivors, release_events
 
 from ..secure_sums import collusion_sentence, secure_rule
 from .secure_plan import plan

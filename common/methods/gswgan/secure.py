@@ -4,7 +4,7 @@ fake batch, and the server sees only the sum of their answers.
 Each answer is the B per-sample gradients of the queried batch, each row clipped to C (so the whole
 answer's norm is at most C√B, its per-client sensitivity 2C√B as before), scaled to integers of
 granularity γ = C√B/2^14, conditionally rounded and given a Skellam share Sk(μ/t)
-(``common/privacy/secure_release.py``); the node deposits it and only the SecAgg+ sum over the
+(``common/secagg/plan.py``); the node deposits it and only the SecAgg+ sum over the
 step's m clients is revealed, never of fewer than t. The sum carries Sk(μ) with μ set so that its
 noise multiplier is σ/√B, the one answer's: against a server that runs the protocol a client's
 ε per answer is what it was alone, but the m answers now share that noise instead of each adding
@@ -19,7 +19,7 @@ import torch
 
 from common.privacy.dct import to_coefficients
 from common.privacy.sanitizer import clip_sample_grads
-from common.privacy.secure_release import client_vector, release_events
+from common.secagg.plan import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
 from ..secure_sums import deposit

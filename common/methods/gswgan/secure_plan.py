@@ -8,8 +8,8 @@ import math
 from typing import TYPE_CHECKING
 
 from common.privacy import query_noise_multiplier
-from common.privacy.secure_release import SecureSumPlan, plan_with_multiplier
-from common.privacy.secure_release import fewest_survivors as _fewest
+from common.secagg.plan import SecureSumPlan, plan_with_multiplier
+from common.secagg.plan import fewest_survivors as _fewest
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig

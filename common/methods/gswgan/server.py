@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from common.codec import encode_labels, encode_samples
+from common.io.codec import encode_labels, encode_samples
 from common.privacy import PrivacyEvent, PrivacyLedger, Sampler
 from common.privacy.statement import KIND_AMPLIFIED, KIND_PER_CLIENT, server_entry
 

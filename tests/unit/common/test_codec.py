@@ -7,7 +7,7 @@ import pytest
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
-from common.codec import (
+from common.io.codec import (
     PayloadError,
     decode_grads,
     decode_labels,

@@ -11,16 +11,16 @@ import torch
 from torch import nn
 
 from client import state as client_state
-from common.codec import decode_grads
 from common.config import ConfigError
-from common.dpac import (
+from common.io.codec import decode_grads
+from common.learning.dpac import (
     TRAIN_MODES,
     build_classifier,
     classifier_adam,
     combined_sample_grads,
     train_classifier,
 )
-from common.losses import generator_sample_grads
+from common.learning.losses import generator_sample_grads
 from common.methods import ExperimentConfig
 from common.methods.gswgan.client import answer_query
 from common.methods.gswgan.critic import first_contact
@@ -75,7 +75,7 @@ def test_beta_one_or_no_classifier_is_gs_wgan_exactly():
 
 def test_combined_gradient_is_per_sample_on_the_real_networks():
     torch.manual_seed(0)
-    from common.models import build_discriminator
+    from common.learning.models import build_discriminator
 
     D, C = build_discriminator("tiny").eval(), build_classifier("tiny", num_classes=10)  # eval: no power iteration
     x, y = torch.rand(5, 1, 28, 28), torch.randint(0, 10, (5,))

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from common.losses import (
+from common.learning.losses import (
     critic_loss,
     critic_step,
     generator_sample_grads,
     gradient_penalty,
 )
-from common.models import build_discriminator, build_generator, sample_latent
+from common.learning.models import build_discriminator, build_generator, sample_latent
 
 
 class LinearCritic(nn.Module):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from common.models import (
+from common.learning.models import (
     PRESETS,
     GeneratorEMA,
     build_discriminator,

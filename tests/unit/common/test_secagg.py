@@ -149,7 +149,7 @@ def test_a_cohorts_graph_is_complete_when_small_and_sparse_with_a_majority_when_
 
 
 def test_shamir_over_the_prime_field_rebuilds_from_any_t_and_hides_below_t() -> None:
-    """The vectorised sharing (``common/secagg_shamir.py``): any t of n shares rebuild the secret
+    """The vectorised sharing (``common/secagg/shamir.py``): any t of n shares rebuild the secret
     exactly, every subset does, shares are at distinct points, and t − 1 shares say nothing: the
     first limb of t − 1 shares of two different secrets has the same (uniform) distribution."""
     import itertools
@@ -157,7 +157,7 @@ def test_shamir_over_the_prime_field_rebuilds_from_any_t_and_hides_below_t() -> 
 
     from scipy import stats
 
-    from common.secagg_shamir import P, combine_shares, create_shares
+    from common.secagg.shamir import P, combine_shares, create_shares
 
     secret = os.urandom(32)
     shares = create_shares(secret, 4, 7)

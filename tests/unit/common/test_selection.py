@@ -6,10 +6,10 @@ import torch
 
 from common.client_state import new_state
 from common.evaluation.classifier import DomainClassifier, accuracy
+from common.evaluation.selection import SELECTION_STEP, noisy_accuracy
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.sanitizer import release_noise_source
-from common.selection import SELECTION_STEP, noisy_accuracy
 from tests.helpers import tiny_cfg
 
 

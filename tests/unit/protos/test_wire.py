@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.messages import HelloReply, StateDict, Stats
 from common.methods import catalogue
 from protos import wire

@@ -109,7 +109,7 @@ def test_audit_of_a_read_only_run_directory_is_refused_before_any_canary(tmp_pat
 
 
 def test_audit_of_a_checkpoint_without_a_generator_names_it_before_any_canary(tmp_path, capsys):
-    from common.tensor_files import save_tensors
+    from common.io.tensor_files import save_tensors
 
     run = run_dir(tmp_path / "run", files={"privacy.json": PRIVACY, "summary.json": SUMMARY})
     save_tensors({"step": 1}, run / "checkpoint.pt")

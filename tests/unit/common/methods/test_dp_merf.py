@@ -10,8 +10,8 @@ import torch
 
 from common.calibration import ledger_epsilon
 from common.client_state import new_state
-from common.codec import PayloadError
 from common.config import ConfigError
+from common.io.codec import PayloadError
 from common.methods import ExperimentConfig
 from common.methods.dp_merf.client import clip_summary, release
 from common.methods.dp_merf.features import RANDOM_FOURIER, FeatureMap, class_means, embed

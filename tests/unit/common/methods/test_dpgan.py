@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
+from common.learning.models import build_generator
 from common.methods import ExperimentConfig
 from common.methods.dpgan.curator import new_node
 from common.methods.dpgan.messages import DpganReply
-from common.models import build_generator
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
 from common.privacy.sampling import VOID_SAMPLING_SEED

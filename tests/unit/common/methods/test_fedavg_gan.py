@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from common.learning.models import build_discriminator, build_generator
 from common.methods.fedavg_gan.client import client_update
 from common.methods.fedavg_gan.dp_fedavg import apply_delta, delta_norm
 from common.methods.fedavg_gan.messages import FedAvgReply
 from common.methods.fedavg_gan.server import server_generator_steps
-from common.models import build_discriminator, build_generator
 from common.privacy.events import VOID_RAW_DELTA
 from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
 from protos import wire

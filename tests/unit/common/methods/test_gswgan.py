@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from client import state as client_state
-from common.codec import PayloadError, decode_grads, encode_samples, quantize_samples
+from common.io.codec import PayloadError, decode_grads, encode_samples, quantize_samples
 from common.messages import LedgerReply
 from common.methods import ExperimentConfig
 from common.methods.gswgan.client import answer_query
@@ -204,7 +204,7 @@ def test_the_server_applies_the_clients_gradient_straight_through_the_quantizati
     """Clients differentiate at the dequantized uint8 images q(G(z)); the server applies what they
     send at G(z) itself, as if q were the identity (its true derivative is zero almost everywhere).
     G's gradient is exactly d/dθ <G(z), g> / divisor, Adam moves G, and the EMA (the release) follows."""
-    from common.codec import dequantize_samples, quantize_samples
+    from common.io.codec import dequantize_samples, quantize_samples
     from common.methods.gswgan.generator import ServerGenerator
 
     cfg = ExperimentConfig(model="tiny", batch_size=4, n_critic=1, ema_decay=0.5)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common import client_state
-from common.codec import PayloadError, decode_grads
+from common.io.codec import PayloadError, decode_grads
 from common.methods import ExperimentConfig
 from common.methods.gswgan.client import answer_query
 from common.methods.gswgan.generator import ServerGenerator

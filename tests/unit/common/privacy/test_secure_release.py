@@ -1,4 +1,4 @@
-"""A release through a secure sum (common/privacy/secure_release.py): the encoded vectors of a cohort
+"""A release through a secure sum (common/secagg/plan.py): the encoded vectors of a cohort
 sum, mod 2^b, to the sum of the clipped vectors plus exactly the calibrated noise; the plan's two
 events give the ε against a server that runs the protocol and against one that deviates."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.privacy import PrivacyLedger
-from common.privacy.secure_release import SecureSumPlan, decode, encode, noise_std, plan_for
+from common.secagg.plan import SecureSumPlan, decode, encode, noise_std, plan_for
 
 
 def cohort_sum(vectors, plan, rng):

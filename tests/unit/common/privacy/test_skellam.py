@@ -82,7 +82,7 @@ def test_a_secure_plans_epsilon_approaches_dp_accountings_gaussian_from_above(si
     dpa = pytest.importorskip("dp_accounting")
     from dp_accounting.rdp import RdpAccountant
 
-    from common.privacy.secure_release import SecureSumPlan
+    from common.secagg.plan import SecureSumPlan
 
     unit = SecureSumPlan(4010, 0.32, 1000, 667, 1.0)
     _, l2 = sensitivities(unit.bound, unit.dim)

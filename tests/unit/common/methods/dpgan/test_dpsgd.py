@@ -16,6 +16,7 @@ from opacus.accountants import RDPAccountant
 from torch import Tensor, nn
 
 from common.calibration import calibrate_noise_multiplier
+from common.learning.models import build_discriminator
 from common.methods.dpgan import dpsgd as dpgan_module
 from common.methods.dpgan.adaptive import AdaptiveND, next_n_d
 from common.methods.dpgan.dpsgd import (
@@ -24,7 +25,6 @@ from common.methods.dpgan.dpsgd import (
     interpolation_partners,
     wgan_gp_sample_grads,
 )
-from common.models import build_discriminator
 from common.privacy import PrivacyEvent, PrivacyLedger
 
 warnings.filterwarnings("ignore", module="opacus")

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
+from common.learning.models import build_discriminator, build_generator
 from common.methods import ExperimentConfig
 from common.methods.fedavg_gan.client import client_update, local_optimizer
 from common.methods.fedavg_gan.dp_fedavg import refresh_power_iteration
 from common.methods.fedavg_gan.messages import FedAvgReply
 from common.methods.fedavg_gan.privacy import calibrate
-from common.models import build_discriminator, build_generator
 from common.options import ConfigError
 from protos import wire
 from server.strategy import Incoming

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.client_state import new_state
-from common.codec import decode_grads
+from common.io.codec import decode_grads
 from common.methods.gswgan import critic_graph
 from common.methods.gswgan.client import answer_query
 from common.privacy import NodePolicy

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.client_state import new_state
-from common.codec import decode_grads
+from common.io.codec import decode_grads
 from common.methods.gswgan.client import ClientDataError, answer_queries, answer_query
 from common.methods.gswgan.critic_stack import StackedCritics, stackable
 from common.privacy import NodePolicy

@@ -5,10 +5,10 @@ Flower's message types are ``<category>.<identifier>``, so the rounds are ``quer
 arrays, keys and shares as uint8 arrays (lists of byte strings as a flat array plus lengths). Every
 reply may be a refusal (``refused``, ``reason``) and then carries nothing else, except a mask round's
 blame (the peers whose shares this node could not use, each with the pair's Diffie-Hellman point
-and a proof of it, ``common/secagg_proof.py``: the evidence the server checks). A reply's
+and a proof of it, ``common/secagg/proof.py``: the evidence the server checks). A reply's
 ``decoded(**expect)`` checks it against what the server sent (shapes, dtypes, the modulus), so the
 driver only ever handles well-formed values; a node that answers malformed is named. Identities
-and signatures (``common/secagg_identity.py``) are empty arrays where a node has no identity.
+and signatures (``common/secagg/identity.py``) are empty arrays where a node has no identity.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 from common.secagg import NODE_IDS, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
-from common.secagg_proof import PROOF_BYTES
+from common.secagg.proof import PROOF_BYTES
 
 COMMITMENT_BYTES = 32
 MAX_SIGNATURE_BYTES = 80

@@ -31,7 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from .secagg import CURVE, PUBLIC_KEY_BYTES, SecAggError, public_key_bytes, public_key_from, session_digest
+from common.secagg import CURVE, PUBLIC_KEY_BYTES, SecAggError, public_key_bytes, public_key_from, session_digest
 
 PEERS_FORMAT = "fedgan.secagg_peers/1"
 PEERS_FILE = "secagg-peers.json"

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import PrivacyEvent
-from .ledger import PrivacyLedger
-from .skellam import (
+from common.privacy.events import PrivacyEvent
+from common.privacy.ledger import PrivacyLedger
+from common.privacy.skellam import (
     MAX_RELEASE_DIM,
     RELEASE_TAIL,
     conditional_round,

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.losses import generator_sample_grads
-from common.models import IMAGE_SHAPE, PRESET_SPECS
+from common.learning.losses import generator_sample_grads
+from common.learning.models import IMAGE_SHAPE, PRESET_SPECS
 
 TRAIN_MODES = ("seq", "joint", "real", "fake")
 TRAIN_HELP = (

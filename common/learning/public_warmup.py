@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.losses import critic_step
-from common.models import GeneratorEMA, sample_latent
+from common.learning.losses import critic_step
+from common.learning.models import GeneratorEMA, sample_latent
 
 if TYPE_CHECKING:
     from common.run_options import RunOptions
