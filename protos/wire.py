@@ -35,7 +35,7 @@ from flwr.app.message import make_message
 from flwr.common.serde import message_to_proto
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
-from common.codec import PayloadError
+from common.io.codec import PayloadError
 
 SCALARS_KEY = "scalars"
 ARRAYS_KEY = "arrays"
