@@ -11,9 +11,9 @@ nobody is left to ask.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,6 +26,7 @@ from common.io.progress import progress_bar
 from common.methods import ExperimentConfig
 from common.privacy.statement import public_data_sentence
 
+from .loop_lines import bounded, repeat_notes, repeated, status_line
 from .method_sums import count_bytes, run_method_sums
 from .release import write_release
 from .reporting import RunDirectory, RunDirectoryError
@@ -56,6 +57,7 @@ class LoopState:
     # The first write to the run directory that failed (a full or read-only disk): the run stops,
     # still fetches the ledgers and writes privacy.json if it can, then raises it.
     write_error: RunDirectoryError | None = None
+    status: Callable[[str], None] = field(default=lambda text: None, repr=False)  # what the step is doing now
 
 
 def run_experiment(
@@ -146,6 +148,7 @@ def _train(
         desc=f"{cfg.strategy} steps",
         dynamic_ncols=True,
     )
+    state.status = status_line(bar)
     # Rebuilt only when a node drops out: scanning all K nodes every step cost 3 ms at K = 10^5.
     available, dropped, step_started = nodes, -1, None
     try:
@@ -212,7 +215,7 @@ def _round(
     exchange = transport.exchange(strategy.configure_step(step, selected))
     outcome = strategy.aggregate_step(step, exchange.replies)
     count(exchange)
-    run_method_sums(transport, strategy, step, outcome, count, cfg.reply_timeout_s)  # a method's secure sums
+    run_method_sums(transport, strategy, step, outcome, count, cfg.reply_timeout_s, state.status)  # secure sums
     if outcome.took_step or outcome.more:
         answered = len(selected) - len(outcome.exhausted_nodes) - len(outcome.failed_nodes)
         state.comm.count_participation(answered)
@@ -226,31 +229,11 @@ def _round(
         state.failures[_client_key(strategy, node)] = f"step {step}: {reason}"
     for note in outcome.notes:
         note = bounded(note)  # a note may quote a client's words: never let one flood the log or checkpoint
-        if _repeated(state, note):
+        if repeated(state.repeats, note):
             continue
         tqdm.write(f"[step {step}] {note}")
         state.notes.append(f"step {step}: {note}")
     return outcome.took_step, bool(selected)
-
-
-def _repeated(state: LoopState, note: str) -> bool:
-    """Count a note whose shape (numbers masked) was seen before; True: it is a repeat, not shown."""
-    seen = state.repeats.setdefault(re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", note), [0, note])
-    seen[0] += 1
-    return seen[0] > 1
-
-
-def repeat_notes(state: LoopState) -> list[str]:
-    """One line per note that recurred: how often, and its first wording."""
-    return [f"{count - 1} more like: {first}" for count, first in state.repeats.values() if count > 1]
-
-
-MAX_NOTE_CHARS = 500
-
-
-def bounded(text: str, limit: int = MAX_NOTE_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was dropped."""
-    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit:,} more characters dropped]"
 
 
 def _client_key(strategy: Strategy, node: int) -> int:
@@ -369,7 +352,7 @@ def _finish(
     cfg: ExperimentConfig, run: RunDirectory, strategy: Strategy, state: LoopState, status: str, transport_name: str
 ) -> dict[str, Any]:
     """privacy.json, summary.json (returned), the last sample grid."""
-    for line in repeat_notes(state):
+    for line in repeat_notes(state.repeats):
         tqdm.write(line)
         state.notes.append(line)
     state.repeats.clear()

@@ -90,6 +90,7 @@ def secure_sum(
     deposit: str = "",
     peers: frozenset[bytes] | None = None,
     seen: set[bytes] | None = None,
+    on_round: Callable[[str], None] | None = None,
 ) -> SecureSumResult:
     """The sum of the integer vectors (``length`` coordinates in [-bound, bound]) that ``nodes`` hold
     for ``session`` (deposited on each node, ``client.secure_sum.deposit_input``), mod 2^bits.
@@ -102,8 +103,8 @@ def secure_sum(
     calibrated for this floor); ``deposit``: the deposit the nodes sum ("": the session's name; a
     re-formed sum names the first one's); ``peers``: the federation's published identities (a node
     advertising another is named); ``seen``: digests of the masked vectors of the caller's earlier
-    sums (a node replaying one is named), updated. Raises SecAggError for parameters no node would
-    accept."""
+    sums (a node replaying one is named), updated; ``on_round``: told each round's name as it starts
+    (the run's progress line). Raises SecAggError for parameters no node would accept."""
     cohort = sorted(set(nodes))
     degree = complete_degree(len(cohort)) if degree is None else degree
     bits = required_bits(len(cohort), bound) if bits is None else bits
@@ -124,7 +125,9 @@ def secure_sum(
     graph = neighbourhoods(cohort, degree, rng)
     run = SumRun(result, {**params, "deposit": deposit}, graph, timeout_s, peers, seen, active=set(cohort))
     try:
-        for stage in (_advertise, _share, _mask, _unmask):
+        for name, stage in zip(STAGES, (_advertise, _share, _mask, _unmask), strict=True):
+            if on_round is not None:
+                on_round(name)
             stage(transport, run)
     except Aborted as why:
         result.sum = result.sum_mod = None

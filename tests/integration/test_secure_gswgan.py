@@ -119,3 +119,13 @@ def test_the_deviating_servers_figure_composes_every_run_on_a_nodes_state(tmp_pa
     assert deviating["epsilon"] == pytest.approx(expected, rel=1e-6)
     release = json.loads((tmp_path / "second" / "publish" / "release.json").read_text())
     assert release["epsilon_amplified"]["epsilon"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_progress_line_says_which_secure_sum_and_round_runs(tmp_path, capsys) -> None:
+    """Issue 41: a first step with secure sums sat at 0% for 17 minutes with no word of what it did.
+    The bar's status line names the sum, its cohort and the round as each starts."""
+    cfg = secure_cfg(tmp_path / "run", steps=1, progress=True)
+    transport = InProcessTransport(client_app, cfg.num_clients, node_state=tmp_path / "nodes")
+    run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")
+    err = capsys.readouterr().err
+    assert "secure sum 1/1 (3 clients): advertise round" in err, err[-2000:]
