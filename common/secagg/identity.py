@@ -30,6 +30,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from common.secagg import CURVE, PUBLIC_KEY_BYTES, SecAggError, public_key_bytes, public_key_from, session_digest
 
@@ -37,7 +38,7 @@ PEERS_FORMAT = "fedgan.secagg_peers/1"
 PEERS_FILE = "secagg-peers.json"
 SIMULATED_FILE = "secagg-simulated-identities.key"
 ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # of P-256's base point
-MAX_SIGNATURE_BYTES = 80  # an ECDSA P-256 signature in DER is at most 72 bytes
+SIGNATURE_BYTES = 64  # an ECDSA P-256 signature as r ‖ s
 MAX_PEERS_BYTES = 64 << 20  # 100,000 nodes' keys as hex are ~7 MB
 
 
@@ -161,15 +162,20 @@ def seed_commitment(session: str, owner: int, seed: bytes) -> bytes:
 
 
 def sign(key: ec.EllipticCurvePrivateKey, message: bytes) -> bytes:
-    return key.sign(message, ec.ECDSA(hashes.SHA256()))
+    """ECDSA over SHA-256 as r ‖ s, 32 bytes each: a fixed size (DER's 70 to 72 bytes made a secure
+    run's byte counts differ from run to run, so a deployment's could not equal the simulation's)."""
+    r, s = decode_dss_signature(key.sign(message, ec.ECDSA(hashes.SHA256())))
+    return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
 
 def verifies(identity: bytes, signature: bytes, message: bytes) -> bool:
-    """Whether ``signature`` is ``identity``'s on ``message`` (False for a malformed key or signature)."""
-    if len(signature) > MAX_SIGNATURE_BYTES:
+    """Whether ``signature`` (r ‖ s) is ``identity``'s on ``message`` (False for a malformed key or
+    signature)."""
+    if len(signature) != SIGNATURE_BYTES:
         return False
+    der = encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big"))
     try:
-        public_key_from(bytes(identity)).verify(bytes(signature), message, ec.ECDSA(hashes.SHA256()))
+        public_key_from(bytes(identity)).verify(der, message, ec.ECDSA(hashes.SHA256()))
     except (SecAggError, ValueError, InvalidSignature):
         return False
     return True

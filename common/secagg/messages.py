@@ -22,7 +22,7 @@ from common.secagg import NODE_IDS, PUBLIC_KEY_BYTES, mask_dtype, modulus_mask
 from common.secagg.proof import PROOF_BYTES
 
 COMMITMENT_BYTES = 32
-MAX_SIGNATURE_BYTES = 80
+SIGNATURE_BYTES = 64  # r ‖ s (``common/secagg/identity.py``)
 
 ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
@@ -76,7 +76,7 @@ class AdvertiseReply:
         _carries(self, "mask_key", "cipher_key")
         for key in (self.mask_key, self.cipher_key):
             _check(key is None or (key.dtype == np.uint8 and key.shape == (PUBLIC_KEY_BYTES,)), "a malformed key")
-        for field, sizes in (("identity", (0, PUBLIC_KEY_BYTES)), ("signature", range(MAX_SIGNATURE_BYTES + 1))):
+        for field, sizes in (("identity", (0, PUBLIC_KEY_BYTES)), ("signature", (0, SIGNATURE_BYTES))):
             value = getattr(self, field)
             _check(
                 value is None or (value.dtype == np.uint8 and value.ndim == 1 and value.size in sizes),

@@ -241,9 +241,10 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     assert_all_stopped(started_pids(run_dir))
 
 
-def test_a_secure_sum_runs_over_the_deployments_data_plane(tmp_path):
-    """DP-MERF through a secure sum in a real local deployment: SuperLink, three SuperNodes, and the
-    four rounds over the data plane's streams, each node's secrets in its worker's persistent Context."""
+def test_a_secure_sum_runs_over_the_deployments_data_plane_as_in_the_simulation(tmp_path):
+    """DP-MERF through a secure sum in a real local deployment: SuperLink, three SuperNodes with the
+    identities `deploy --local` provisions, and the four rounds over the data plane's streams, each
+    node's secrets in its worker's persistent Context; its bytes and ε equal the simulation's."""
     run_dir = tmp_path / "secure"
     flags = ["--strategy", "dp-merf", "--merf-features", "20", "--secure-aggregation", "--secagg-cohort", "3"]
     result = fedgan("deploy", "--local", *TINY, *flags, "--steps", "2", "--out", str(run_dir))
@@ -253,3 +254,15 @@ def test_a_secure_sum_runs_over_the_deployments_data_plane(tmp_path):
     sums = summary["method"]["dp-merf"]["secure_aggregation"]["sums"]
     assert [(s["inputs"], s["aborted"]) for s in sums] == [(3, "")]
     assert summary["epsilon_amplified"]["kind"] == "per client, server deviates from the secure sum"
+    assert all((run_dir / "deploy" / "nodes" / str(i) / "state" / "secagg-peers.json").is_file() for i in range(3))
+
+    sim_dir = tmp_path / "simulated"
+    result = fedgan("simulate", "--transport", "inprocess", *TINY, *flags, "--steps", "2", "--out", str(sim_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    sim = json.loads((sim_dir / "summary.json").read_text())
+    for deployed, simulated in zip(summary["clients"], sim["clients"], strict=True):
+        for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
+            assert deployed[key] == simulated[key], (key, deployed[key], simulated[key])
+    for key in ("bytes_down_total", "bytes_up_total", "bytes_per_step"):
+        assert summary["comm"][key] == sim["comm"][key], key
+    assert summary["epsilon_amplified"]["epsilon"] == sim["epsilon_amplified"]["epsilon"]
