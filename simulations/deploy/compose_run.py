@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import compose
+from . import compose, identities
 from .local import DeployError, flwr_json, free_port
 
 ROOT = compose.ROOT
@@ -101,6 +101,7 @@ class ComposeDeployment:
         if tls:
             sh("bash", ROOT / "deploy/certs/generate.sh", self.certs, env=dict(self.env, KEY_BITS="2048"))
             os.chown(self.certs / "server.key", FLOWER_UID, FLOWER_UID)
+            identities.make(self.certs / "secagg", int(env_file()["NUM_CLIENTS"]), owner=FLOWER_UID)
         self.files = (compose.BASE_FILE, compose.TLS_FILE) if tls else (compose.BASE_FILE,)
         sh("docker-compose", *self._file_args(), "up", "-d", env=self.env)
         self._wait_for_superlink(timeout_s=120)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from .identities import SECAGG_IN_CONTAINER, node_files
+
 DEFAULT_NUM_CLIENTS = 3
 ROOT = Path(__file__).resolve().parents[2]
 BASE_FILE = "docker-compose.yml"
@@ -233,6 +235,15 @@ _TLS_SUPERNODE = (
 )
 
 
+_TLS_CLIENTAPP = """\
+  clientapp-{i}:
+    volumes:
+      # Its secure-aggregation identity and the federation's published keys (python -m
+      # simulations.deploy.identities): with them it verifies the peers of every secure sum.
+      - ${{FEDGAN_CERTS_DIR}}/secagg/node-{i}:{secagg}:ro
+"""
+
+
 def tls_run_config(dataplane_port: int | str) -> str:
     """The ``--run-config`` keys that serve a run's data plane over TLS from ``serverapp``.
 
@@ -254,7 +265,12 @@ def plain_run_config(dataplane_port: int | str) -> str:
 
 
 def node_config(
-    partition_id: int, num_clients: int, *, private_network: bool = False, dataplane_host: str = DATAPLANE_HOST
+    partition_id: int,
+    num_clients: int,
+    *,
+    private_network: bool = False,
+    dataplane_host: str = DATAPLANE_HOST,
+    secagg: tuple[str, str] | None = None,
 ) -> str:
     """The ``--node-config`` value of one SuperNode, YAML-quoted.
 
@@ -262,12 +278,14 @@ def node_config(
     ``${DATAPLANE_PORT}`` is left for docker-compose, which interpolates it inside the string.
     ``private_network``: the node lets its worker dial the data plane in plaintext (plain file only).
     ``dataplane_host``: where the ServerApp is (the service on one host; an address across hosts).
+    ``secagg``: (identity key, published keys) as its ClientApp sees them, for secure sums.
     """
     value = (
         f"partition-id={partition_id} num-partitions={num_clients} "
         "state-dir='/state' data-dir='/data' "
         f"dataplane-address='{dataplane_host}:${{DATAPLANE_PORT}}'"
         + (" dataplane-private-network=true" if private_network else "")
+        + (f" secagg-identity='{secagg[0]}' secagg-peers='{secagg[1]}'" if secagg else "")
     )
     return '"' + value + '"'
 
@@ -316,7 +334,9 @@ def render_tls(num_clients: int) -> str:
                 certs=certs,
                 port=SUPERNODE_RUNTIME_PORT,
                 superlink=SUPERLINK_IN_COMPOSE,
-                node_config=node_config(i - 1, num_clients),
+                node_config=node_config(i - 1, num_clients, secagg=node_files(i)),
             ),
+            "\n",
+            _TLS_CLIENTAPP.format(i=i, secagg=SECAGG_IN_CONTAINER),
         ]
     return "".join(parts)

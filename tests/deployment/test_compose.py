@@ -215,13 +215,20 @@ def test_tls_overlay_swaps_insecure_for_mounted_certificates(deployment: tuple[P
     certs_dir = (root / _env(root)["FEDGAN_CERTS_DIR"]).resolve()
     for name, service in tls.items():
         if name.startswith("clientapp-"):
-            # The SuperNode's own runtime API stays plain inside a node pair (see the overlay).
+            # The SuperNode's own runtime API stays plain inside a node pair (see the overlay); the
+            # ClientApp gets its node's secure-aggregation identity, read-only, from the certificates folder.
             assert service["command"] == plain[name]["command"]
+            source, mode = _mounts(service)["/app/secagg"]
+            assert (Path(source), mode) == (certs_dir / "secagg" / f"node-{name.split('-')[1]}", "ro"), name
             continue
         assert "--insecure" not in service["command"], name
-        # the same arguments, but for the plain file's private-network mark on each node
+        # the same arguments, but for the plain file's private-network mark on each node, and the
+        # TLS nodes' secure-aggregation identity files (as their ClientApps see them)
         unmarked = [a.replace(" dataplane-private-network=true", "") for a in _without_tls(plain[name]["command"])]
-        assert _without_tls(service["command"]) == unmarked, name
+        shown = [
+            re.sub(r" secagg-identity='[^']*' secagg-peers='[^']*'", "", a) for a in _without_tls(service["command"])
+        ]
+        assert shown == unmarked, name
         mounts = _mounts(service)
         flags = [f for f in TLS_FLAGS if f in service["command"]]
         assert flags, f"{name} has no certificate flag"

@@ -45,6 +45,11 @@ RUN = dict(
     sampling_seed=1,
     eval=False,
 )
+# DP-MERF through secure sums (issue 41): the nodes' identities mounted by the TLS overlay, the four
+# rounds over the TLS data plane, one cohort of the three nodes
+SECURE_RUN = dict(
+    RUN, steps=2, strategy="dp-merf", merf_features=20, secure_aggregation=True, secagg_cohort=RUN["num_clients"]
+)
 # each node's own volume: its client's state, its own ledger of every release (with its release counter), and the marker
 EACH_NODE_ALONE = {
     i: [
@@ -64,19 +69,23 @@ def engine():
     return compose_engine.wait()
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The same configuration's in-process simulation, which every compose run must equal."""
-    out = tmp_path_factory.mktemp("compose-sim") / "simulated"
-    argv = [str(BIN / "fedgan"), "simulate", *flags(transport="inprocess", progress=False, out=out, **RUN)]
+def simulate(out: Path, run: dict) -> dict:
+    """``run``'s in-process simulation, which a compose run of it must equal."""
+    argv = [str(BIN / "fedgan"), "simulate", *flags(transport="inprocess", progress=False, out=out, **run)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
 
-def assert_matches(deployed: dict, sim: dict) -> None:
+@pytest.fixture(scope="module")
+def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same configuration's in-process simulation, which every compose run must equal."""
+    return simulate(tmp_path_factory.mktemp("compose-sim") / "simulated", RUN)
+
+
+def assert_matches(deployed: dict, sim: dict, run: dict = RUN) -> None:
     assert "finished:completed" in deployed["flwr_status"], deployed["flwr_status"]
-    assert deployed["status"] == "completed" and deployed["steps_completed"] == RUN["steps"]
+    assert deployed["status"] == "completed" and deployed["steps_completed"] == run["steps"]
     assert deployed["transport"] == "flower-run+grpc-dataplane"  # the data plane carried the steps
     for ours, theirs in zip(deployed["clients"], sim["clients"], strict=True):
         for key in ("client_id", "queries", "epsilon", "bytes_down", "bytes_up"):
@@ -99,6 +108,13 @@ def test_compose_plain_then_tls_matches_the_simulation(engine, simulation, tmp_p
             assert_matches(summaries[name], sim)
             assert deployment.node_volumes(RUN["num_clients"]) == EACH_NODE_ALONE
             deployment.down()
+        # secure sums over TLS + node auth on fresh node volumes, each node verifying its peers' identities
+        deployment.up(tls=True)
+        secure = deployment.flwr_run("tls-secure", **SECURE_RUN)
+        assert_matches(secure, simulate(tmp_path / "secure-simulated", SECURE_RUN), SECURE_RUN)
+        sums = secure["method"]["dp-merf"]["secure_aggregation"]["sums"]
+        assert [(s["inputs"], s["aborted"]) for s in sums] == [(RUN["num_clients"], "")], sums
+        deployment.down()
     finally:
         deployment.down()
     assert deployment.leftovers() == ("", "")
