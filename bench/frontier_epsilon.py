@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.channels.secure_server import KIND_SECURE_SUM  # privacy.json's epsilon_kind of a secure run
 from common.methods import method
-from common.methods.secure_sums import KIND_SECURE_SUM  # privacy.json's epsilon_kind of a secure run
 from common.privacy import PrivacyLedger
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -148,6 +148,12 @@ class RunOptions:
         "adds a Skellam share of the noise that sum needs (every method with a secure-aggregation form); every client "
         "gets two epsilons, against a server that runs the protocol and against one that deviates",
     )
+    release_channel: str = option(
+        "",
+        "how each release leaves a client (common/channels): local (in the clear, with its client's own noise), "
+        "secure-sum (what --secure-aggregation picks), or a registered channel; empty: secure-sum with "
+        "--secure-aggregation, else local",
+    )
     secagg_cohort: int = option(
         1000, "secure aggregation: clients per secure sum c (the clients split into cohorts of c to 2c - 1)"
     )

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from common.channels.secure_server import KIND_SECURE_SUM, secure_basis
 from common.io.tensor_files import save_tensors
 from common.methods import ExperimentConfig
-from common.methods.secure_sums import KIND_SECURE_SUM, secure_basis
 
 from .reporting import RunDirectory, atomic_write_json
 

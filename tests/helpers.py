@@ -58,6 +58,15 @@ def tiny_flags(**changes: object) -> list[str]:
 TINY_FLAGS = tiny_flags()
 
 
+def secure_plan(cfg: ExperimentConfig):
+    """The run's secure-sum plan, as its method describes one release to the secure-sum channel
+    (``common/channels/secure_sum.py``)."""
+    from common.channels.secure_sum import SecureSumChannel
+    from common.methods import method
+
+    return SecureSumChannel().plan(cfg, method(cfg.strategy).release_spec(cfg))
+
+
 def tiny_cfg(out: Path | str = "", **changes) -> ExperimentConfig:
     """The tiny run, with ``changes``; written to ``out``."""
     return ExperimentConfig(**{**TINY, "out": str(out), **changes})

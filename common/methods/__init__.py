@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from common.channels import channel_for, checked_channel
 from common.config import compose_config
 from common.messages import SHARED
 from common.options import check, option
@@ -54,13 +55,7 @@ def _check_method(cfg: Any) -> None:
         f"strategy {cfg.strategy} has no DPAC form (these do: "
         f"{', '.join(m.name for m in METHODS.values() if m.supports_dpac)}); use 1",
     )
-    check(
-        not cfg.secure_aggregation or METHODS[cfg.strategy].supports_secure_aggregation,
-        "secure_aggregation",
-        cfg.secure_aggregation,
-        f"strategy {cfg.strategy} has no secure-aggregation form (these do: "
-        f"{', '.join(m.name for m in METHODS.values() if m.supports_secure_aggregation) or 'none'})",
-    )
+    _check_channel(cfg, METHODS[cfg.strategy])
     METHODS[cfg.strategy].check_run(cfg)
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
         check(
@@ -69,6 +64,22 @@ def _check_method(cfg: Any) -> None:
             cfg.batch_size,
             f"larger than a client's partition ({cfg.synthetic_samples_per_writer} images per writer)",
         )
+
+
+def _check_channel(cfg: Any, run_method: Method) -> None:
+    """The run's release channel exists, its method admits what the channel needs (a summing channel
+    a method that takes a revealed sum), and the channel's own checks of the method's release."""
+    channel = checked_channel(cfg)
+    admits = [m.name for m in METHODS.values() if not channel.needs or channel.needs in m.channel_needs]
+    check(
+        not channel.needs or channel.needs in run_method.channel_needs,
+        channel.option,
+        getattr(cfg, channel.option),
+        f"strategy {cfg.strategy} has no {channel.name} form (these do: {', '.join(admits) or 'none'})",
+    )
+    spec = run_method.release_spec(cfg)
+    if spec is not None:
+        channel.check_run(cfg, spec)
 
 
 def _validate(cfg: Any) -> None:
@@ -92,13 +103,18 @@ ExperimentConfig = compose_config(
 
 def run_terms(cfg: ExperimentConfig) -> RunTerms:
     """What the run's method says of the releases a node would make in it, for the node's policy."""
-    run_method = method(cfg.strategy)
-    cohort = run_method.secure_cohort(cfg)
+    run_method, channel = method(cfg.strategy), channel_for(cfg)
+    spec = run_method.release_spec(cfg)
+    if spec is None:  # a method whose releases take no channel (DPGAN's DP-SGD steps)
+        noise, revealed, cohort, bounded = run_method.release_noise(cfg), 0.0, 0, False
+    else:
+        noise, revealed = channel.node_noise(cfg, spec), channel.revealed_noise(cfg, spec)
+        cohort, bounded = channel.cohort(cfg, spec), channel.bounds_every_release
     return RunTerms(
-        release_noise=run_method.release_noise(cfg),
-        protocol_release_noise=run_method.protocol_release_noise(cfg),
+        release_noise=noise,
+        protocol_release_noise=revealed,
         # through a secure sum a client's delta is clipped and noised on the node: bounded against the server
-        unbounded_against_server=run_method.unbounded_against_server and not cfg.secure_aggregation,
+        unbounded_against_server=run_method.unbounded_against_server and not bounded,
         nonprivate_options=tuple(run_method.nonprivate_options(cfg)),
         secagg_cohort=cohort,
         secagg_floor=fewest_survivors(cohort, cfg.secagg_threshold) if cohort else 0,

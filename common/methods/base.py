@@ -14,15 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from common.channels import channel_for
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.records import ClientRecords, LedgerClaim
 from common.privacy.statement import client_entry, max_epsilon, not_private_reasons
-from common.secagg.plan import SecureSumPlan, release_events
 
 from .protocol import ClientNode, PriorReleases, Reply, StepOutcome, SumRequest, SumResult
-from .secure_sums import SecureSums, secure_kind, secure_rule
 
 if TYPE_CHECKING:
+    from common.channels import ReleaseSpec
+    from common.channels.secure_server import SecureSums
     from common.client_state import ClientState
     from common.methods import ExperimentConfig
     from common.privacy import NodePolicy
@@ -44,19 +45,16 @@ class MethodBase:
     unbounded_against_server = False
     supports_dpac = False
 
-    supports_secure_aggregation = False
+    channel_needs: frozenset[str] = frozenset()  # what a release channel may ask of it (``common/channels``)
 
     def check_run(self, cfg: ExperimentConfig) -> None:
         """Checks that apply only when this method is the run's (``validate`` runs for every method's
         section whatever the run): default, none."""
 
-    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
-        """Through a secure sum, the noise multiplier of the revealed sum (0: no secure sum)."""
-        return 0.0
-
-    def secure_cohort(self, cfg: ExperimentConfig) -> int:
-        """Through secure sums, the clients of the smallest sum the run plans (0: no secure sum)."""
-        return 0
+    def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec | None:
+        """One release as the run's channel sees it, at the run's noise (or ``noise_multiplier``, for
+        the calibration): default None, its releases take no channel."""
+        return None
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         return cfg.batch_size
@@ -105,20 +103,26 @@ class ServerBase:
         self.records = ClientRecords(cfg.delta, self.prior.clients)
         self._live: tuple[ClientRecords, int, dict[int, PrivacyLedger], list[dict[str, Any]]] | None = None
         self.node_client: dict[int, int] = {}
-        self.secure: SecureSums | None = None  # set by ``use_secure_sums``
+        self.channel = channel_for(cfg)
+        self.summing: SecureSums | None = None  # a summing channel's records of this run (``use_channel``)
 
-    def use_secure_sums(self, plan: SecureSumPlan, void: str, rule: str) -> None:
-        """This run's releases go through secure sums (``secure_sums.py``): the headline is the
-        guarantee against a server that runs the protocol (``rule``), a deposit is charged as
-        ``plan`` fixes (``planned``), and the figure beside the headline is the deviating server's."""
-        self.secure = SecureSums(self.cfg, plan, void, self.client_of)
-        k = self.cfg.secagg_colluders
-        self.epsilon_kind, self.accounting = secure_kind(k), secure_rule(rule, k)
-        self.planned = release_events(plan, void)[0]
+    def use_channel(self, spec: ReleaseSpec) -> None:
+        """This run's releases go through the run's channel (``common/channels``), as ``spec``
+        describes one: a release is charged as the channel's event (``planned``), the headline's kind
+        and rule are the channel's (the method's own, for the local one), and a summing channel keeps
+        its records of the run (``summing``: the sessions, the sums, and the figure beside the
+        headline, against a server that deviates)."""
+        cfg = self.cfg
+        self.spec = spec
+        self.planned = self.channel.events(cfg, spec)[0]
+        self.epsilon_kind = self.channel.kind(cfg, self.epsilon_kind)
+        self.accounting = self.channel.rule(cfg, spec, self.accounting)
+        self.summing = self.channel.server(cfg, spec, self.client_of)
 
     def secure_sums(self, step: int) -> list[SumRequest]:
-        """The secure sums to run after this step's replies: one per session that got deposits."""
-        return self.secure.requests() if self.secure else []
+        """The sums the run's channel asks the shells to run after this step's replies: one per
+        session that got deposits (none in the clear)."""
+        return self.summing.requests() if self.summing else []
 
     def bind_nodes(self, node_client: dict[int, int]) -> None:
         """Learn which client (partition) each node holds, from the run's hello exchange."""
@@ -131,7 +135,7 @@ class ServerBase:
         """Charge the server's record of the client ``node`` holds."""
         self.records.charge(self.client_of(node), event)
 
-    # --- secure sums (a method whose releases go through them overrides this) -----------------
+    # --- sums (a method whose releases a channel sums overrides this) ---------------------------
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """What the sums revealed, into the step's outcome."""
 
@@ -177,7 +181,7 @@ class ServerBase:
         accepted = []
         for reply in replies:
             if reply.payload is None:
-                if self.secure:
+                if self.summing:
                     self._lost_deposit(reply)
                 else:
                     self.on_lost(reply)
@@ -187,9 +191,9 @@ class ServerBase:
                 self.on_refused(reply)
                 outcome.exhausted_nodes.append(reply.node)
                 outcome.notes.append(str(reply.payload.reason))
-            elif self.secure:  # a deposit on the node: charged as the plan fixes, whatever the node says
+            elif self.summing:  # a deposit on the node: charged as the plan fixes, whatever the node says
                 self.charge(reply.node, self.planned)
-                self.secure.deposited(reply.node, self.client_of(reply.node))
+                self.summing.deposited(reply.node, self.client_of(reply.node))
                 accepted.append(reply.node)
             else:
                 kept = self.accept(step, reply, outcome)
@@ -201,7 +205,7 @@ class ServerBase:
     def _lost_deposit(self, reply: Reply) -> None:
         """A lost reply through secure sums: the node may have deposited, and charged itself, anyway."""
         self.charge(reply.node, self.planned)
-        self.secure.charge_own(self.client_of(reply.node))
+        self.summing.charge_own(self.client_of(reply.node))
 
     def _lost_note(self, reply: Reply) -> str:
         who = f"node {reply.node} (client {reply.client})"
@@ -241,9 +245,9 @@ class ServerBase:
         record of its own noise shares (every run on its state): the deviating server's figure keeps
         the larger of it and the server's own record of this run (audit 4, item 6)."""
         notes = self.records.absorb(self.node_client, claims, final=final)
-        if self.secure:
+        if self.summing:
             shares = [claim.shares() for claim in claims if claim.own_text is not None]
-            self.secure.own.absorb(self.node_client, shares, final=False)
+            self.summing.own.absorb(self.node_client, shares, final=False)
         return notes
 
     # --- the report ------------------------------------------------------------------------------
@@ -256,13 +260,12 @@ class ServerBase:
             "epsilon_max": max_epsilon(clients),
             "epsilon_kind": self.epsilon_kind,
             "accounting": self.accounting,
-            "epsilon_amplified": self.secure.beside(ledgers, final=final) if self.secure else self.beside(final=final),
+            "epsilon_amplified": self.summing.beside(ledgers, final=final)
+            if self.summing
+            else self.beside(final=final),
             "not_private": not_private_reasons(self._voiding(ledgers)),
-            "mechanism": {**self.mechanism(), **(self.secure.mechanism() if self.secure else {})},
-            "parameters": {
-                **self.parameters(),
-                **({"secure_aggregation": self.secure.parameters()} if self.secure else {}),
-            },
+            "mechanism": {**self.mechanism(), **(self.summing.mechanism() if self.summing else {})},
+            "parameters": {**self.parameters(), **(self.summing.section() if self.summing else {})},
         }
         if final:
             report["statement"] = self.statement(ledgers)
@@ -287,10 +290,7 @@ class ServerBase:
 
     def _voiding(self, ledgers: dict[int, PrivacyLedger]) -> list[PrivacyLedger]:
         """Through secure sums the headline's own ledgers decide NOT PRIVATE (no server-side figure)."""
-        return list(ledgers.values()) if self.secure else self.voiding_ledgers(ledgers)
-
-    def _secure_parameters(self) -> dict[str, Any]:
-        return {"secure_aggregation": self.secure.parameters()} if self.secure else {}
+        return list(ledgers.values()) if self.summing else self.voiding_ledgers(ledgers)
 
     def headline_ledgers(self, *, final: bool = True) -> dict[int, PrivacyLedger]:
         """The ledger behind each client's headline ε (default: the larger record). The final report

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from common.client_state import ClientState
 from common.privacy import NodePolicy, PrivacyEvent, PrivacyLedger
 from common.privacy.records import LedgerClaim
+from common.secagg.requests import SumRequest, SumResult
 
 if TYPE_CHECKING:  # types only: the registry composes the configuration from the methods
     from torch import nn
 
+    from common.channels import ReleaseSpec
     from common.methods import ExperimentConfig
 
 
@@ -53,38 +55,6 @@ class StepOutcome:
     # The step's requests go out over several rounds (DP-MERF's collection, a chunk of clients at a
     # time): this round's answers count, and the generator moves after the last round.
     more: bool = False
-
-
-@dataclass
-class SumRequest:
-    """A secure sum a server side asks the shells to run after a step's replies (SecAgg+,
-    ``server/secure_sum.py``): the integer vectors ``nodes`` deposited for ``session`` (each
-    ``length`` coordinates in [-bound, bound]), neighbourhoods of ``degree`` + 1 sharing secrets with
-    ``threshold``, no sum revealed of fewer than ``min_inputs`` inputs."""
-
-    session: str
-    nodes: list[int]
-    bound: int
-    length: int
-    threshold: int
-    degree: int
-    min_inputs: int
-    seen: set[bytes] | None = None  # the run's masked-vector digests (a replayed masked vector is named)
-
-
-@dataclass
-class SumResult:
-    """What a secure sum revealed: the signed sum of the ``survivors``' vectors, or None with the
-    reason it aborted; ``dropouts``: node -> the round it dropped at and why."""
-
-    session: str
-    survivors: list[int] = field(default_factory=list)
-    total: Any = None  # numpy int64 vector, or None
-    aborted: str = ""
-    dropouts: dict[int, str] = field(default_factory=dict)
-    culprits: dict[int, str] = field(default_factory=dict)  # node -> what it did: named on evidence, never asked again
-    attempts: int = 1  # sums run: a sum aborted by named culprits is re-formed without them
-    suspects: list[int] = field(default_factory=list)  # a sum rejected for an out-of-range input: its inputs' nodes
 
 
 @dataclass
@@ -194,9 +164,11 @@ class Method(Protocol):
     Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot
     account for releases made before its run), ``unbounded_against_server`` (False: its clients add
     their own noise), ``supports_dpac`` (False), ``check_run`` (checks only when it is the run's
-    method), ``supports_secure_aggregation``, ``protocol_release_noise`` and ``secure_cohort`` (False /
-    0 / 0: its releases never go through a secure sum; else ``release_noise`` is a node's own share's,
-    the second the revealed sum's, the third the clients of its smallest sum), ``min_client_images``
+    method), ``release_spec`` and ``channel_needs`` (None / empty: its releases take no release channel;
+    else the spec describes one release for the run's channel, ``common/channels``, which then decides
+    what a release costs and how it leaves the node, and ``channel_needs`` says what the method
+    admits: ``"sums"``, a server side that takes a revealed sum, ``"noise"``, a clear release the
+    channel noises; ``release_noise`` is then its release's noise in the clear), ``min_client_images``
     (batch_size images per client), ``client_critic_lr``
     (None: its clients keep no private discriminator), ``generator_updates`` (one per step),
     ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own ledger is
@@ -213,14 +185,13 @@ class Method(Protocol):
     accepts_prior_releases: bool
     unbounded_against_server: bool
     supports_dpac: bool
-    supports_secure_aggregation: bool
+    channel_needs: frozenset[str]
 
     def validate(self, cfg: ExperimentConfig) -> None: ...
     def check_run(self, cfg: ExperimentConfig) -> None: ...
 
     def release_noise(self, cfg: ExperimentConfig) -> float: ...
-    def protocol_release_noise(self, cfg: ExperimentConfig) -> float: ...
-    def secure_cohort(self, cfg: ExperimentConfig) -> int: ...
+    def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec | None: ...
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]: ...
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.channels import channel_for
 from common.client_state import ClientState
 from common.data.clients import ClientData
 from common.methods import METHODS, ExperimentConfig, method
@@ -59,10 +60,11 @@ def run_canaries(cfg: ExperimentConfig, *, canaries: int, releases: int, policy:
     if not chosen.auditable:
         audited = ", ".join(name for name, m in METHODS.items() if m.auditable)
         raise ValueError(f"fedgan audit covers {audited}, not {cfg.strategy}")
-    if cfg.secure_aggregation:  # its canaries run the release a client sends alone, not a secure sum's
+    channel = channel_for(cfg)
+    if channel.sums:  # its canaries run the release a client sends alone, not a sum's
         raise ValueError(
-            "fedgan audit does not cover releases through secure sums yet (secure_aggregation = true): its "
-            "canaries would audit the non-secure mechanism, not the one this run's ε describes"
+            f"fedgan audit does not cover releases through secure sums yet (release channel {channel.name}): its "
+            "canaries would audit the release in the clear, not the one this run's ε describes"
         )
     bits = np.array([secrets.randbits(1) == 1 for _ in range(canaries)])  # never from the run's seed
     states = [canary_state(CANARY_BASE_ID + i) for i in range(canaries)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common.channels import channel_for
 from common.methods import ExperimentConfig
 from common.secagg.identity import provision_simulated
 from server.reporting import RunDirectory
@@ -89,7 +90,7 @@ def evaluate_at_end(cfg: ExperimentConfig, run: RunDirectory) -> int:
 def _run_inprocess(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: threading.Event | None = None):
     server_fn = _experiment_fn(cfg, run, resume, stop, "inprocess")
     return run_on_transport(
-        cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir, secure=cfg.secure_aggregation
+        cfg.num_clients, server_fn, "inprocess", node_state=run.state_dir, secure=channel_for(cfg).sums
     )
 
 
@@ -103,7 +104,7 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: th
         parallel=cfg.parallel_clients,
         node_state=run.state_dir,
         ray=RayPlacement.of(cfg),
-        secure=cfg.secure_aggregation,
+        secure=channel_for(cfg).sums,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from client.app import app as client_app
 from common.methods import prepare
-from common.methods.fedavg_gan import secure
+from common.methods.fedavg_gan import release
 from common.methods.fedavg_gan.messages import MSG_ROUND, FedAvgReply
 from common.options import ConfigError
 from common.privacy import PrivacyLedger
@@ -18,7 +18,7 @@ from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
-from tests.helpers import tiny_cfg
+from tests.helpers import secure_plan, tiny_cfg
 
 FA = dict(strategy="fedavg-gan", fedavg_clients_per_round=3, local_steps=2, server_g_steps=1, log_every=1)
 
@@ -45,7 +45,7 @@ def test_a_round_sums_its_deltas_and_no_delta_leaves_a_node(tmp_path) -> None:
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
     assert len(replies) == 9 and all(r.deposited and r.delta is None for r in replies)
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
-    plan = secure.plan(cfg)
+    plan = secure_plan(cfg)
     for client in (c for c in privacy["clients"] if c["queries"]):
         expected = PrivacyLedger([plan.protocol_event(client["queries"])]).epsilon(delta=cfg.delta)
         assert client["epsilon"] == pytest.approx(expected, rel=1e-6)
@@ -87,7 +87,7 @@ def test_a_non_finite_delta_is_zeroed_on_the_node_and_the_round_goes_on(tmp_path
     clipping and rounding, the client deposits, and the sums reveal finite deltas."""
     import torch
 
-    real = secure.flatten
+    real = release.flatten
 
     def diverged(delta, cfg):
         vector = real(delta, cfg)
@@ -95,7 +95,7 @@ def test_a_non_finite_delta_is_zeroed_on_the_node_and_the_round_goes_on(tmp_path
         vector[1::7] = float("inf")
         return vector
 
-    monkeypatch.setattr(secure, "flatten", diverged)
+    monkeypatch.setattr(release, "flatten", diverged)
     cfg = secure_cfg(tmp_path / "run")
     transport = InProcessTransport(client_app, cfg.num_clients, node_state=tmp_path / "nodes")
     summary = run_experiment(cfg, RunDirectory.create(cfg), transport, transport_name="inprocess")

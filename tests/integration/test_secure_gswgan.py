@@ -11,7 +11,6 @@ import pytest
 
 from client.app import app as client_app
 from common.methods import prepare
-from common.methods.gswgan import secure
 from common.methods.gswgan.messages import MSG_QUERY, GsAnswer, GsQuery
 from common.options import ConfigError
 from common.privacy import PrivacyLedger
@@ -19,7 +18,7 @@ from protos import wire
 from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.transport import InProcessTransport
-from tests.helpers import tiny_cfg
+from tests.helpers import secure_plan, tiny_cfg
 
 GS = dict(
     strategy="gswgan", model="tiny", batch_size=4, n_critic=1, log_every=1, sample_every=100, checkpoint_every=100
@@ -51,7 +50,7 @@ def test_a_step_sums_its_clients_answers_and_no_gradient_leaves_a_node(tmp_path)
         queries = [q for q, _ in seen if q.step == step]
         assert len({q.session for q in queries}) == 1 and all(np.array_equal(q.fake, queries[0].fake) for q in queries)
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
-    plan = secure.plan(cfg)
+    plan = secure_plan(cfg)
     for client in (c for c in privacy["clients"] if c["queries"]):
         expected = PrivacyLedger([plan.protocol_event(client["queries"])]).epsilon(delta=cfg.delta)
         assert client["epsilon"] == pytest.approx(expected, rel=1e-6)
@@ -71,7 +70,7 @@ def test_what_a_secure_step_needs_is_checked_up_front(tmp_path, changes, field) 
 
 
 def test_a_method_without_a_secure_form_refuses_the_flag(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="secure_aggregation.*no secure-aggregation form"):
+    with pytest.raises(ConfigError, match="secure_aggregation.*no secure-sum form"):
         tiny_cfg(tmp_path / "run", strategy="dpgan", secure_aggregation=True)
 
 
@@ -98,7 +97,7 @@ def test_the_deviating_servers_figure_composes_every_run_on_a_nodes_state(tmp_pa
     client's ledger), the "server deviates" figure only the second run's (the server's record), and
     release.json published the smaller. Now the client keeps its own-share ledger beside its ledger
     and the report takes the larger: both figures compose the same releases."""
-    from common.methods.secure_sums import KIND_DEVIATING
+    from common.channels.secure_server import KIND_DEVIATING
     from common.secagg.plan import release_events
 
     nodes = tmp_path / "nodes"
@@ -110,7 +109,7 @@ def test_the_deviating_servers_figure_composes_every_run_on_a_nodes_state(tmp_pa
         )
     privacy = json.loads((tmp_path / "second" / "privacy.json").read_text())
     assert sum(c["queries"] for c in privacy["clients"]) == 18  # both runs' releases: 2 × 3 steps × 3 clients
-    protocol, own = release_events(secure.plan(cfg))
+    protocol, own = release_events(secure_plan(cfg))
     deviating = privacy["epsilon_amplified"]
     assert deviating["kind"] == KIND_DEVIATING
     expected = max(

@@ -14,8 +14,6 @@ import pytest
 from client.app import app as client_app
 from client.secure_deposit import INPUT_KEY, deposit_input
 from common.methods import ExperimentConfig, prepare
-from common.methods.dp_merf import secure
-from common.methods.dp_merf.features import RANDOM_FOURIER
 from common.methods.dp_merf.messages import MSG_EMBED, MerfRelease
 from common.privacy import PrivacyLedger
 from common.privacy.node_ledger import read_node_book
@@ -27,7 +25,7 @@ from server.secure_sum import secure_sum
 from server.session import NodeRefused
 from server.transport import InProcessTransport
 from simulations.experiments.simulate import _run_flower
-from tests.helpers import tiny_cfg
+from tests.helpers import secure_plan, tiny_cfg
 
 MERF = dict(strategy="dp-merf", merf_features=20, merf_batch=4, log_every=1, sample_every=100, checkpoint_every=100)
 SECURE = dict(secure_aggregation=True, secagg_cohort=4, secagg_threshold=3)
@@ -64,7 +62,7 @@ def test_no_summary_leaves_a_node_and_both_guarantees_come_from_ledgers(tmp_path
     assert summary["status"] == "completed" and summary["steps_completed"] == 3
     assert len(seen) == 8 and all(r.deposited and r.embedding is None for r in seen)
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
-    plan = secure.plan(cfg, RANDOM_FOURIER)
+    plan = secure_plan(cfg)
     protocol = PrivacyLedger([plan.protocol_event()]).epsilon(delta=cfg.delta)
     own = PrivacyLedger([plan.own_event()]).epsilon(delta=cfg.delta)
     assert [c["epsilon"] for c in privacy["clients"]] == pytest.approx([protocol] * 8, rel=1e-6)
@@ -100,7 +98,7 @@ def test_the_revealed_mean_is_the_mean_of_what_the_nodes_deposited(tmp_path) -> 
     import torch
 
     target = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["strategy"]["generator"]["target"]
-    expected = np.sum(list(deposits.values()), axis=0) * secure.plan(cfg, RANDOM_FOURIER).gamma / len(deposits)
+    expected = np.sum(list(deposits.values()), axis=0) * secure_plan(cfg).gamma / len(deposits)
     assert len(deposits) == 8
     np.testing.assert_allclose(target.numpy().reshape(-1), expected, rtol=1e-5, atol=1e-6)
 
@@ -133,7 +131,7 @@ def test_the_noise_of_a_revealed_sum_has_the_calibrated_variance() -> None:
         secagg_threshold=4,
         merf_noise_multiplier=0.5,
     )
-    plan = secure.plan(cfg, RANDOM_FOURIER)
+    plan = secure_plan(cfg)
     draws = []
     for session in ("v1", "v2"):
         transport = InProcessTransport(client_app, 5)

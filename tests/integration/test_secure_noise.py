@@ -15,15 +15,12 @@ import pytest
 
 from client.app import app as client_app
 from client.secure_sum import deposit_input
-from common.methods.dp_merf import secure as merf_secure
 from common.methods.dp_merf.features import RANDOM_FOURIER
 from common.methods.dp_ntk.features import TANGENT
-from common.methods.fedavg_gan import secure as fedavg_secure
-from common.methods.gswgan import secure as gswgan_secure
 from common.secagg.plan import SecureSumPlan, client_vector, coordinate_range, release_events
 from server.secure_sum import secure_sum
 from server.transport import InProcessTransport
-from tests.helpers import tiny_cfg
+from tests.helpers import secure_plan, tiny_cfg
 
 SECURE = dict(secure_aggregation=True, num_clients=6)
 
@@ -31,12 +28,12 @@ SECURE = dict(secure_aggregation=True, num_clients=6)
 def merf_plan(k: int, family=RANDOM_FOURIER) -> SecureSumPlan:
     strategy = "dp-ntk" if family is TANGENT else "dp-merf"
     cfg = tiny_cfg("", strategy=strategy, merf_features=100, secagg_cohort=5, secagg_colluders=k, **SECURE)
-    return merf_secure.plan(cfg, family)
+    return secure_plan(cfg)
 
 
 def gswgan_plan(k: int) -> SecureSumPlan:
     cfg = tiny_cfg("", strategy="gswgan", clients_per_step=4, batch_size=4, secagg_colluders=k, **SECURE)
-    return gswgan_secure.plan(cfg)
+    return secure_plan(cfg)
 
 
 def fedavg_plan(k: int) -> SecureSumPlan:
@@ -48,7 +45,7 @@ def fedavg_plan(k: int) -> SecureSumPlan:
         secagg_colluders=k,
         **SECURE,
     )
-    return fedavg_secure.plan(cfg)
+    return secure_plan(cfg)
 
 
 PLANS = {
@@ -122,7 +119,7 @@ def test_colluders_are_stated_and_calibrated_for(tmp_path) -> None:
                 secure_aggregation=True,
             )
         )
-        plan = merf_secure.plan(cfg, RANDOM_FOURIER)
+        plan = secure_plan(cfg)
         protocol = release_events(plan)[0]
         printed = PrivacyLedger([protocol]).epsilon(delta=cfg.delta)
         one_colluder = PrivacyLedger([colluding_event(protocol, plan, 1)]).epsilon(delta=cfg.delta)

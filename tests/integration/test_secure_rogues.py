@@ -15,7 +15,6 @@ from flwr.app import Message
 from client.app import app as client_app
 from client.secure_deposit import deposit_input
 from common.methods import prepare
-from common.methods.gswgan import secure
 from common.privacy import PrivacyLedger
 from common.secagg import new_private_key, public_key_bytes
 from common.secagg.identity import identity_path, peers_path, provision, provision_simulated
@@ -26,7 +25,7 @@ from server.loop import run_experiment
 from server.reporting import RunDirectory
 from server.secure_sum import secure_sum
 from server.transport import InProcessTransport
-from tests.helpers import tiny_cfg
+from tests.helpers import secure_plan, tiny_cfg
 
 ROGUE = 1
 GS = dict(
@@ -176,7 +175,7 @@ def test_one_rogue_is_named_and_the_run_completes_without_charging_the_honest_fo
     assert any(why in rogue["failure"] for why in whys), (kind, rogue["failure"])
     if kind != "out-of-range input":  # attributable: no sum is lost, so no step is given up
         assert not any("given up" in note for note in summary["notes"]), summary["notes"]
-    protocol, _ = release_events(secure.plan(cfg))
+    protocol, _ = release_events(secure_plan(cfg))
     honest = [c for c in summary["clients"] if c["client_id"] != ROGUE]
     for client in honest:
         expected = (

@@ -6,21 +6,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from torch import Tensor
 
+from common.channels import channel_for
 from common.data import num_classes_for
 from common.device import resolve_device
 from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.sanitizer import release_noise_source
-from common.secagg.plan import client_vector, release_events
 
 from ..protocol import ClientNode, refusal
-from ..secure_sums import deposit
-from . import secure
 from .features import FeatureFamily, embed
 from .messages import MerfRelease, MerfRequest
-from .privacy import client_void, planned_event
+from .privacy import release_spec
 
 if TYPE_CHECKING:
     from common.client_state import ClientState
@@ -30,11 +27,6 @@ if TYPE_CHECKING:
 def clip_summary(summary: Tensor, bound: float) -> Tensor:
     """``summary`` scaled to L2 norm at most ``bound`` (unchanged when already within it)."""
     return summary * min(1.0, bound / (float(summary.norm()) + 1e-12))
-
-
-def noise_std(cfg: ExperimentConfig) -> float:
-    """The noise std of a release: 2σS (replace-one sensitivity of a summary clipped to S is 2S)."""
-    return 2.0 * cfg.merf_noise_multiplier * cfg.merf_clip
 
 
 def release(
@@ -49,8 +41,10 @@ def release(
     """This client's one release, or a refusal when its budget would be exceeded (a second request
     is refused the same way: the budget is the target ε of a single release). ``summary``: a given
     summary instead of the client's own (a privacy audit's canary, ``fedgan audit``); it is clipped,
-    noised and charged like any other."""
-    event = planned_event(cfg, family)
+    noised and charged like any other. The run's channel noises it (``ReleaseChannel.noised``: the
+    local one with std 2σS per coordinate) and says what it costs."""
+    channel, spec = channel_for(cfg), release_spec(cfg, family)
+    event = channel.events(cfg, spec)[0]
     over = policy.release_refusal(state.ledger, event, cfg, "one more release")
     if over:
         return refusal(MerfRelease, request.step, state.client_id, over)
@@ -59,8 +53,8 @@ def release(
         images, labels = state.data.images.to(device), state.data.labels.to(device)
         summary = embed(family.build(cfg, device), images, labels, num_classes_for(cfg))
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, request.step)
-    noisy = clip_summary(summary.cpu(), cfg.merf_clip) + noise_std(cfg) * torch.randn(summary.shape, generator=noise)
-    ran = PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=void or event.void)
+    noisy = channel.noised(cfg, spec, clip_summary(summary.cpu(), cfg.merf_clip), noise)
+    ran = PrivacyEvent(noise_multiplier=event.noise_multiplier, sample_rate=1.0, void=void or event.void)
     state.ledger.record(ran)
     state.version += 1
     return MerfRelease(
@@ -68,24 +62,20 @@ def release(
     )
 
 
-def secure_release(node: ClientNode, state: ClientState, request: MerfRequest, family: FeatureFamily) -> MerfRelease:
-    """This client's one release through a secure sum: its summary encoded with its noise share and
-    deposited on the node for ``request.session`` (only the cohort's sum is ever revealed). The
-    run's ledger records the guarantee against a server that runs the protocol (what the run's
-    budget counts); the node's ledger the one its policy counts (its own share's unless
-    ``trust-secure-sum``), each checked before anything is deposited."""
-    cfg, policy = node.cfg, node.policy
-    p = secure.plan(cfg, family)
-    protocol, own = release_events(p, client_void(cfg))
-    over, counted = policy.secure_release_refusal(state.ledger, protocol, own, cfg, "one more release")
-    if over:
-        return refusal(MerfRelease, request.step, state.client_id, over)
+def deposit_release(node: ClientNode, state: ClientState, request: MerfRequest, family: FeatureFamily) -> MerfRelease:
+    """This client's one release through a summing channel: admitted by the node's policy, then its
+    summary handed to the channel, which encodes it with the client's noise share, charges it and
+    deposits it on the node for ``request.session`` (only the cohort's sum is ever revealed)."""
+    cfg = node.cfg
+    channel, spec = channel_for(cfg), release_spec(cfg, family)
+    admission = channel.admit(node, state, spec)
+    if admission.refused:
+        return refusal(MerfRelease, request.step, state.client_id, admission.refused)
     device = resolve_device(cfg.device)
     images, labels = state.data.images.to(device), state.data.labels.to(device)
     summary = embed(family.build(cfg, device), images, labels, num_classes_for(cfg)).cpu().numpy()
-    vector = client_vector(summary, p, cfg.noise_seed, state.client_id, request.step)
-    deposit(node, state, request.session, vector, p, (protocol, own, counted))
-    return MerfRelease(step=request.step, deposited=True, noise_multiplier=protocol.noise_multiplier)
+    ran = channel.deposit(node, state, request.session, request.step, spec, summary, admission)
+    return MerfRelease(step=request.step, deposited=True, noise_multiplier=ran.noise_multiplier)
 
 
 def released_before(made: int, policy: NodePolicy) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from common.channels import NOISE, SUMS, ReleaseSpec, channel_for
+
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
-from ..secure_sums import session_mismatch
 from . import canary, options, privacy
-from .client import release, released_before, secure_release
+from .client import deposit_release, release, released_before
 from .features import RANDOM_FOURIER, FeatureFamily
 from .messages import MSG_EMBED, MerfRelease, MerfRequest
 from .server import DpMerfServer
@@ -38,7 +39,9 @@ class DpMerf(MethodBase):
         DpMerf.one_shot_names.append(cls.name)
 
     auditable = True
-    supports_secure_aggregation = True
+    channel_needs = frozenset(
+        {SUMS, NOISE}
+    )  # its server side takes a revealed sum; its clear release is noised by the channel
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
@@ -49,18 +52,11 @@ class DpMerf(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def check_run(self, cfg: ExperimentConfig) -> None:
-        options.check_run(cfg)
-
     def release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.release_noise(cfg)
 
-    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
-        return cfg.merf_noise_multiplier if cfg.secure_aggregation else 0.0
-
-    def secure_cohort(self, cfg: ExperimentConfig) -> int:
-        """Cohorts of c to 2c - 1 (``--secagg-cohort``)."""
-        return cfg.secagg_cohort if cfg.secure_aggregation else 0
+    def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
+        return privacy.release_spec(cfg, self.family, noise_multiplier=noise_multiplier)
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
@@ -83,11 +79,12 @@ class DpMerf(MethodBase):
         again = released_before(sum(node.releases_by(name) for name in DpMerf.one_shot_names), node.policy)
         if again:
             return refusal(MerfRelease, request.step, state.client_id, again)
-        why = session_mismatch(node.cfg, request.session)
+        channel = channel_for(node.cfg)
+        why = channel.session_mismatch(node.cfg, request.session)
         if why:
             return refusal(MerfRelease, request.step, state.client_id, why)
-        if request.session:
-            return secure_release(node, state, request, self.family)  # charged and persisted inside
+        if channel.sums:
+            return deposit_release(node, state, request, self.family)  # charged and persisted inside
         reply = release(state, node.cfg, request, node.policy, family=self.family)
         if not reply.refused:
             node.record_release(state, before)

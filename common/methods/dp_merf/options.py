@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 from common.options import check, check_all, option
 
-from ..secure_sums import check_cohort
-
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -61,26 +59,3 @@ def validate(c: ExperimentConfig) -> None:
     check(0 <= c.merf_dct <= SIDE, "merf_dct", c.merf_dct, f"must be in [0, {SIDE}] (0: pixels)")
     check(0 <= c.merf_count_share < 1, "merf_count_share", c.merf_count_share, "must be in [0, 1)")
     check(c.merf_noise_multiplier >= 0, "merf_noise_multiplier", c.merf_noise_multiplier, "must be >= 0")
-
-
-def check_run(c: ExperimentConfig) -> None:
-    """When DP-MERF is the run's method: secure aggregation needs noise to share and cohorts that can
-    reveal a sum. With fewer clients than the cohort, the one cohort held fewer than t inputs: every
-    client spent its one release and the sum revealed nothing (audit 4, items 9 and 12)."""
-    if not c.secure_aggregation:
-        return
-    check(
-        c.merf_noise_multiplier > 0,
-        "merf_noise_multiplier",
-        c.merf_noise_multiplier,
-        "must be > 0 with secure aggregation (its noise shares are what it protects with)",
-    )
-    taking_part = len(c.participants())
-    check(
-        c.secagg_cohort <= taking_part,
-        "secagg_cohort",
-        c.secagg_cohort,
-        f"must be at most the {taking_part} clients taking part (a smaller cohort could reveal no sum of "
-        "t inputs, and every client would spend its one release for nothing)",
-    )
-    check_cohort(c, "secagg_cohort", c.secagg_cohort)

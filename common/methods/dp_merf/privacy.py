@@ -1,5 +1,7 @@
-"""DP-MERF's privacy: one Gaussian mechanism per client release, its calibration, the honest
-release's bound, and the sentences of its privacy statement."""
+"""DP-MERF's privacy: its release as the run's channel sees it (``release_spec``), the calibration,
+the honest release's bound, and the sentences of its privacy statement. In the clear each release
+is one Gaussian mechanism; through another channel (a secure sum) the channel's events, rule and
+sentences take its place."""
 
 from __future__ import annotations
 
@@ -7,15 +9,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from common.calibration import ledger_epsilon, smallest_noise
+from common.calibration import smallest_noise
+from common.channels import ReleaseSpec, channel_for
+from common.data import num_classes_for
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence
-from common.secagg.plan import release_events
-
-from ..secure_sums import collusion_sentence, secure_rule
-from . import secure
-from .secure import fewest_survivors
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -29,20 +28,29 @@ RULE_DP_MERF = (
     "own releases without amplification; everything the server computes afterwards is post-processing"
 )
 
-RULE_DP_MERF_SECURE = (
-    "per-client, server runs the secure sum ({collusion}): each client deposits its labelled mean embedding once, "
-    "clipped to S, scaled to integers and conditionally rounded to a fixed norm, plus a Skellam share; "
-    "the server sees only sums of at least t clients, which carry Sk(μ) with μ = (σΔ₂)²/2: one Skellam "
-    "mechanism per release (Agarwal, Kairouz & Liu 2021, replace-one sensitivities of the rounded vector), "
-    "composed over the client's own releases without amplification"
-)
+
+def release_spec(cfg: ExperimentConfig, family: FeatureFamily, *, noise_multiplier: float | None = None) -> ReleaseSpec:
+    """One client's release: its labelled mean embedding, d = C·(a row of the family's features)
+    coordinates clipped to S, carrying σ (the run's, or ``noise_multiplier``); a summing channel's
+    cohorts are ``--secagg-cohort`` clients (c to 2c − 1)."""
+    sigma = cfg.merf_noise_multiplier if noise_multiplier is None else noise_multiplier
+    void = client_void(cfg)
+    return ReleaseSpec(
+        what="summary",
+        describes="its labelled mean embedding once, clipped to S",
+        dim=num_classes_for(cfg) * family.row_dim(cfg),
+        clip=cfg.merf_clip,
+        noise_multiplier=sigma,
+        cohort=cfg.secagg_cohort,
+        cohort_field="secagg_cohort",
+        noise_field="merf_noise_multiplier",
+        clear_event=PrivacyEvent(noise_multiplier=sigma, sample_rate=1.0, void=void),
+        void=void,
+    )
 
 
 def release_noise(cfg: ExperimentConfig) -> float:
-    """σ of the release a client makes (what a node's minimum noise is checked against); through a
-    secure sum, its own share's: σ/√(t − k) (the t − k honest shares of a sum carry σ)."""
-    if cfg.secure_aggregation:
-        return cfg.merf_noise_multiplier / math.sqrt(fewest_survivors(cfg) - cfg.secagg_colluders)
+    """σ of the release a client makes in the clear (a channel says its own: ``run_terms``)."""
     return cfg.merf_noise_multiplier
 
 
@@ -56,25 +64,18 @@ def client_void(cfg: ExperimentConfig) -> str:
 
 
 def planned_event(cfg: ExperimentConfig, family: FeatureFamily) -> PrivacyEvent:
-    """The mechanism one release runs: a Gaussian with noise multiplier σ (sensitivity 2, std 2σ);
-    through a secure sum, the revealed sum's Skellam (against a server that runs the protocol)."""
-    if cfg.secure_aggregation:
-        return release_events(secure.plan(cfg, family), client_void(cfg))[0]
-    return PrivacyEvent(noise_multiplier=cfg.merf_noise_multiplier, sample_rate=1.0, void=client_void(cfg))
+    """The mechanism one release runs, as the run's channel charges it: in the clear a Gaussian with
+    noise multiplier σ (sensitivity 2, std 2σ); through a secure sum, the revealed sum's Skellam."""
+    return channel_for(cfg).events(cfg, release_spec(cfg, family))[0]
 
 
 def calibrate(cfg: ExperimentConfig, family: FeatureFamily, *, pooled_size: int | None = None) -> ExperimentConfig:
-    """σ for ``target_epsilon``: one release per client reaches the target; the target also becomes
-    the clients' budget, so a second request is refused."""
-    if cfg.secure_aggregation:  # the sum's guarantee against a server that runs the protocol
-        sigma = smallest_noise(
-            lambda nm: PrivacyLedger([secure.plan(cfg, family, noise_multiplier=nm).protocol_event()]).epsilon(
-                delta=cfg.delta
-            ),
-            cfg.target_epsilon,
-        )
-    else:
-        sigma = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, 1, cfg.delta), cfg.target_epsilon)
+    """σ for ``target_epsilon``: one release per client reaches the target (through the run's
+    channel); the target also becomes the clients' budget, so a second request is refused."""
+    channel = channel_for(cfg)
+    sigma = smallest_noise(
+        lambda nm: channel.epsilon(cfg, release_spec(cfg, family, noise_multiplier=nm), 1), cfg.target_epsilon
+    )
     budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
     return cfg.replace(merf_noise_multiplier=sigma, client_epsilon_budget=budget)
 
@@ -83,10 +84,12 @@ def calibrate(cfg: ExperimentConfig, family: FeatureFamily, *, pooled_size: int 
 HONEST_TAIL = 8.0
 
 
-def honest_norm_bound(cfg: ExperimentConfig, coords: int) -> float:
+def honest_norm_bound(cfg: ExperimentConfig, coords: int, noise_multiplier: float | None = None) -> float:
     """The largest norm an honest release shows except with negligible probability: the clipped
-    summary (≤ S) plus noise of std 2σS on each of its ``coords`` coordinates."""
-    return cfg.merf_clip * (1.01 + 2 * cfg.merf_noise_multiplier * (math.sqrt(coords) + HONEST_TAIL))
+    summary (≤ S) plus noise of std 2σS on each of its ``coords`` coordinates (σ: what the run's
+    channel noised it with, ``noise_multiplier``; the run's own by default)."""
+    sigma = cfg.merf_noise_multiplier if noise_multiplier is None else noise_multiplier
+    return cfg.merf_clip * (1.01 + 2 * sigma * (math.sqrt(coords) + HONEST_TAIL))
 
 
 def statement(
@@ -108,18 +111,9 @@ def statement(
         f"The generator was fitted on the server to the mean of the {releases_used} accepted releases: "
         "post-processing, no further privacy cost."
     )
-    rule, collusion = RULE_DP_MERF, ""
-    if cfg.secure_aggregation:
-        t, k = fewest_survivors(cfg), cfg.secagg_colluders
-        intro += (
-            f" Secure aggregation: the summaries were never sent; each client deposited its summary with a "
-            f"Skellam share of the noise (Sk(μ/{t - k}) per coordinate), and the server saw only SecAgg+ sums over "
-            f"cohorts of about {cfg.secagg_cohort} clients, each revealed only if at least {t} inputs were in it. "
-            "The per-client ε below holds against a server that runs that protocol; against one that deviates, "
-            "only the client's own share protects it (the figure beside it in the report)."
-        )
-        rule = secure_rule(RULE_DP_MERF_SECURE, k)
-        collusion = collusion_sentence(secure.plan(cfg, family), ledgers, cfg.delta)
+    channel, spec = channel_for(cfg), release_spec(cfg, family)
+    how, *after = channel.sentences(cfg, spec, ledgers) or [""]
+    rule = channel.rule(cfg, spec, RULE_DP_MERF)
     per_client, worst = per_client_sentence(ledgers, delta=cfg.delta, accountant=cfg.accountant, what="noisy summaries")
-    parts = [intro, per_client, f"Rule: {rule}."] + ([collusion] if collusion else [])
+    parts = [intro + (f" {how}" if how else ""), per_client, f"Rule: {rule}.", *after]
     return assemble(list(ledgers.values()), parts, worst)

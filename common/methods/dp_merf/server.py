@@ -32,10 +32,9 @@ from common.secagg import split_cohorts
 
 from ..base import NOT_APPLICABLE, ServerBase
 from ..protocol import Reply, StepOutcome, SumResult
-from . import secure
 from .generator import MerfGenerator
 from .messages import MerfRelease, MerfRequest
-from .privacy import RULE_DP_MERF, RULE_DP_MERF_SECURE, client_void, honest_norm_bound, planned_event, statement
+from .privacy import RULE_DP_MERF, honest_norm_bound, release_spec, statement
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -62,14 +61,12 @@ class DpMerfServer(ServerBase):
         self.family, self.name = family, name
         self.generator = MerfGenerator(cfg, num_classes, family)
         self.steps_done = 0
-        self.planned = planned_event(cfg, family)
         self.cohort_rng = np.random.default_rng(cfg.seed)  # who shares a cohort: public, no privacy role
         self._pending: deque[int] = deque()  # nodes of this collection pass not asked yet
         self._asked: set[int] = set()  # clients asked in this pass
         self._sum: torch.Tensor | None = None  # float64 sum of the summaries accepted in this pass
         self._count = 0
-        if cfg.secure_aggregation:
-            self.use_secure_sums(secure.plan(cfg, family), client_void(cfg), RULE_DP_MERF_SECURE)
+        self.use_channel(release_spec(cfg, family))  # ``planned``: what one release is charged
 
     @property
     def collected(self) -> bool:
@@ -81,7 +78,7 @@ class DpMerfServer(ServerBase):
         through secure sums); nobody afterwards."""
         if self.collected:
             return []
-        if self.secure:
+        if self.summing:
             return list(available)
         if not self._pending:  # a new pass (or a resumed one): those available not asked in it yet
             self._pending = deque(n for n in available if self.client_of(n) not in self._asked)
@@ -91,18 +88,22 @@ class DpMerfServer(ServerBase):
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, MerfRequest]]:
         if nodes and self.cfg.progress and not self._asked:  # the one long step: say what it waits for
             total = len(nodes) + len(self._pending)
-            how = " through secure sums" if self.secure else (f", {len(nodes):,} at a time" if self._pending else "")
+            how = (
+                f" through the {self.channel.name} channel"
+                if self.summing
+                else (f", {len(nodes):,} at a time" if self._pending else "")
+            )
             tqdm.write(f"step {step}: asking {total:,} clients for their one noisy summary each{how}")
-        if self.secure:  # one session per cohort of c to 2c - 1
+        if self.summing:  # one session per cohort of c to 2c - 1
             out = []
             for cohort in split_cohorts(nodes, self.cfg.secagg_cohort, self.cohort_rng):
-                session = self.secure.open(step, cohort, tag="merf")
+                session = self.summing.open(step, cohort, tag="merf")
                 out += [(node, MerfRequest(step=step, session=session)) for node in cohort]
             return out
         return [(node, MerfRequest(step=step)) for node in nodes]
 
     def expectations(self, step: int) -> dict[str, Any]:
-        return {"step": step, "shape": self.generator.shape, "secure": self.secure is not None}
+        return {"step": step, "shape": self.generator.shape, "secure": self.summing is not None}
 
     def on_lost(self, reply: Reply) -> None:
         self.charge(reply.node, self.planned)  # it may have released anyway
@@ -114,7 +115,7 @@ class DpMerfServer(ServerBase):
         nm = min(self.planned.noise_multiplier, release.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         summary = torch.from_numpy(release.embedding)
-        bound = honest_norm_bound(self.cfg, summary.numel())
+        bound = honest_norm_bound(self.cfg, summary.numel(), self.planned.noise_multiplier)  # as the channel noised
         if not float(summary.norm()) <= bound:  # charged (it was released), but not used
             why = (
                 f"its norm {float(summary.norm()):.3g} exceeds {bound:.3g}, what a summary clipped to S plus "
@@ -126,7 +127,7 @@ class DpMerfServer(ServerBase):
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
         if not self.collected:
-            if self.secure:
+            if self.summing:
                 if not accepted:
                     outcome.notes.append(self._none_accepted(step))
                 return  # the summaries wait on the nodes: the secure sums follow (``absorb_sums``)
@@ -159,7 +160,7 @@ class DpMerfServer(ServerBase):
 
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The mean of every revealed cohort sum becomes the target; then the step's generator step."""
-        total, count = self.secure.total(results, outcome)
+        total, count = self.summing.total(results, outcome)
         if total is None:
             outcome.notes.append(f"step {step}: no secure sum was revealed; asking those still available")
             return
@@ -188,7 +189,7 @@ class DpMerfServer(ServerBase):
     def mechanism(self) -> dict[str, float]:
         cfg = self.cfg
         return {
-            **({"c": self.cfg.secagg_cohort} if self.secure else {}),
+            **({"c": self.spec.cohort} if self.summing else {}),
             "σ": cfg.merf_noise_multiplier,
             "S": cfg.merf_clip,
             "d": self.generator.fmap.dim,
@@ -210,7 +211,7 @@ class DpMerfServer(ServerBase):
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
+            **({"secure_sums": self.summing.state_dict()} if self.summing else {}),
             "generator": self.generator.state_dict(),
             "records": self.records.state_dict(),
             "steps_done": self.steps_done,
@@ -229,5 +230,5 @@ class DpMerfServer(ServerBase):
                 f"the checkpoint's collection has shape {tuple(self._sum.shape)}, this run's is {self.generator.shape}"
             )
         self._asked, self._pending = {int(c) for c in collection.get("asked", [])}, deque()
-        if self.secure and "secure_sums" in state:
-            self.secure.load_state_dict(state["secure_sums"])
+        if self.summing and "secure_sums" in state:
+            self.summing.load_state_dict(state["secure_sums"])

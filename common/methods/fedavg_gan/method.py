@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
+from common.channels import SUMS, ReleaseSpec, channel_for
 from common.data import num_classes_for
 from common.device import resolve_device
 
 from ..base import MethodBase
 from ..protocol import ClientNode, PriorReleases, refusal
-from ..secure_sums import session_mismatch
-from . import options, privacy, secure
+from . import options, privacy, release
 from .client import client_update
 from .messages import MESSAGES, FedAvgReply, FedAvgRound
 from .privacy import RAW_DELTA
@@ -30,32 +29,23 @@ class FedAvgGan(MethodBase):
     messages = MESSAGES
     step_label = "rounds"
     unbounded_against_server = True  # clients send raw deltas: a node with a finite max-epsilon refuses
-    supports_secure_aggregation = True  # a round's deltas summed securely, each client adding a noise share
+    channel_needs = frozenset({SUMS})  # a round's deltas can be summed, each client adding a noise share
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def check_run(self, cfg: ExperimentConfig) -> None:
-        options.check_run(cfg)
-
     def release_noise(self, cfg: ExperimentConfig) -> float:
-        if cfg.secure_aggregation:  # the node's own share: z/√t
-            return cfg.fedavg_noise_multiplier / math.sqrt(secure.fewest_survivors(cfg) - cfg.secagg_colluders)
         return privacy.release_noise(cfg)
 
-    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
-        return cfg.fedavg_noise_multiplier if cfg.secure_aggregation else 0.0
-
-    def secure_cohort(self, cfg: ExperimentConfig) -> int:
-        """A round's m clients."""
-        return cfg.fedavg_clients_per_round if cfg.secure_aggregation else 0
+    def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
+        return release.release_spec(cfg, noise_multiplier=noise_multiplier)
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
     def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
-        if cfg.secure_aggregation:
-            return secure.calibrate(cfg)
+        if channel_for(cfg).bounds_every_release:  # the per-client ε is finite: calibrate it
+            return privacy.calibrate_per_client(cfg, release.release_spec)
         return privacy.calibrate(cfg, pooled_size=pooled_size)
 
     def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:
@@ -68,13 +58,14 @@ class FedAvgGan(MethodBase):
     def answer(self, node: ClientNode, request: FedAvgRound) -> FedAvgReply:
         """A few local WGAN-GP steps on the received D; the reply is the raw delta, which the
         client's own ledger (and the node's) records as a release without noise (secure
-        aggregation: the clipped delta deposited with a noise share, ``secure.py``)."""
+        aggregation: the clipped delta deposited with a noise share, ``release.py``)."""
         cfg, state = node.cfg, node.load_state()
-        why = session_mismatch(cfg, request.session)
+        channel = channel_for(cfg)
+        why = channel.session_mismatch(cfg, request.session)
         if why:
             return refusal(FedAvgReply, request.step, state.client_id, why)
-        if request.session:
-            return secure.secure_answer(node, state, request, lambda s: local_delta(cfg, s, request))
+        if channel.sums:
+            return release.deposit_delta(node, state, request, lambda s: local_delta(cfg, s, request))
         before = state.ledger.copy()
         delta = local_delta(cfg, state, request)
         state.ledger.record(RAW_DELTA)

@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 from common.options import check, check_all, check_choice, option
 
-from ..secure_sums import check_cohort
-
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -65,17 +63,3 @@ def validate(c: ExperimentConfig) -> None:
     check_choice(c, "fedavg_delta", ("state", "weights"))
     check_choice(c, "fedavg_client_optimizer", ("sgd", "adam"))
     check_choice(c, "fedavg_g_optimizer", ("sgd", "adam"))
-
-
-def check_run(c: ExperimentConfig) -> None:
-    """When Fed-Avg is the run's method: a round's secure sum needs at least 3 clients, a threshold
-    within the round, and noise to share."""
-    if not c.secure_aggregation:
-        return
-    check_cohort(c, "fedavg_clients_per_round", c.fedavg_clients_per_round)
-    check(
-        c.fedavg_noise_multiplier > 0,
-        "fedavg_noise_multiplier",
-        c.fedavg_noise_multiplier,
-        "must be > 0 with secure aggregation",
-    )

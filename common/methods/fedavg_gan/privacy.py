@@ -4,10 +4,12 @@ trusted one)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from common.calibration import subsampled_noise
+from common.calibration import smallest_noise, subsampled_noise
+from common.channels import ReleaseSpec, channel_for
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_RAW_DELTA
 from common.privacy.statement import (
@@ -17,8 +19,6 @@ from common.privacy.statement import (
     per_client_sentence,
     server_sentence,
 )
-
-from ..secure_sums import collusion_sentence, secure_rule
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -30,13 +30,6 @@ RULE_FEDAVG_USER = (
     "discriminator delta is clipped to S, N(0, (zS)^2) is added to the sum, which is divided by the "
     "fixed m; Poisson-subsampled Gaussian (add/remove adjacency) with noise multiplier z over the "
     "rounds that ran"
-)
-RULE_FEDAVG_SECURE = (
-    "per-client, server runs the secure sum ({collusion}): each round m clients are drawn uniformly, each clips its "
-    "discriminator delta to S on its node and deposits it, rounded to a fixed norm, with a Skellam share; "
-    "the server sees only the sum of at least t deltas, which carries Sk(μ), noise multiplier z in the "
-    "Gaussian's units (Agarwal, Kairouz & Liu 2021): one Skellam mechanism per round a client takes part "
-    "in, composed without amplification"
 )
 RULE_FEDAVG_UNTRUSTED = (
     "per-client, untrusted server: unbounded, each sampled client sends its raw discriminator delta "
@@ -61,25 +54,36 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     return cfg.replace(fedavg_noise_multiplier=subsampled_noise(cfg.target_epsilon, q, cfg.steps, cfg.delta))
 
 
-def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger) -> str:
-    """Unbounded per client against the server; user-level with a trusted server (secure sums: per
-    client against a server that runs the protocol)."""
-    delta, accountant = cfg.delta, cfg.accountant
-    if cfg.secure_aggregation:
-        intro = (
-            f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN through secure sums: "
-            f"each round {cfg.fedavg_clients_per_round} clients clipped their discriminator deltas to S = "
-            f"{cfg.fedavg_clip:g} on their nodes and deposited them with a Skellam share of the noise; the server "
-            f"saw only the SecAgg+ sum, carrying noise multiplier z = {cfg.fedavg_noise_multiplier:g}. The per-client "
-            "ε below holds against a server that runs that protocol; against one that deviates only a client's "
-            "own share protects it (the figure beside it in the report)."
-        )
-        per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="deltas deposited")
-        from . import secure  # noqa: PLC0415 - the secure form builds on this module's neighbours
+def calibrate_per_client(cfg: ExperimentConfig, spec_of: Callable[..., ReleaseSpec]) -> ExperimentConfig:
+    """z for the per-client ε through a channel that bounds every release (a secure sum: against a
+    server that runs the protocol) of a client taking part in its expected share ceil(T·m/K) of the
+    rounds; the target also becomes the clients' budget."""
+    rounds = max(1, math.ceil(cfg.steps * cfg.fedavg_clients_per_round / len(cfg.participants())))
+    channel = channel_for(cfg)
+    z = smallest_noise(lambda nm: channel.epsilon(cfg, spec_of(cfg, noise_multiplier=nm), rounds), cfg.target_epsilon)
+    budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
+    return cfg.replace(fedavg_noise_multiplier=z, client_epsilon_budget=budget)
 
-        rule = secure_rule(RULE_FEDAVG_SECURE, cfg.secagg_colluders)
-        collusion = collusion_sentence(secure.plan(cfg), ledgers, delta)
-        return assemble(list(ledgers.values()), [intro, per_client, f"Rule: {rule}.", collusion], worst)
+
+def statement(
+    cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, spec: ReleaseSpec
+) -> str:
+    """Unbounded per client against the server; user-level with a trusted server (through a channel
+    that bounds every release, a secure sum: per client, the channel's words and rule)."""
+    delta, accountant = cfg.delta, cfg.accountant
+    channel = channel_for(cfg)
+    if channel.bounds_every_release:
+        intro = (
+            f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN: each round "
+            f"{cfg.fedavg_clients_per_round} clients ran their local steps on the received discriminator and "
+            f"released its delta, clipped to S = {cfg.fedavg_clip:g} on their nodes, through the {channel.name} "
+            f"channel, noise multiplier z = {cfg.fedavg_noise_multiplier:g}."
+        )
+        how, *after = channel.sentences(cfg, spec, ledgers) or [""]
+        per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="deltas released")
+        rule = channel.rule(cfg, spec, RULE_FEDAVG_UNTRUSTED)
+        parts = [intro + (f" {how}" if how else ""), per_client, f"Rule: {rule}.", *after]
+        return assemble(list(ledgers.values()), parts, worst)
     intro = (
         f"Privacy statement (δ = {delta:g}, {ACCOUNTANT_NAMES[accountant]}). Fed-Avg GAN, user-level "
         f"DP-FedAvg: each round every sampled client's discriminator delta is clipped to L2 norm "

@@ -27,10 +27,10 @@ from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
 
 from ..base import ServerBase
 from ..protocol import Reply, StepOutcome, SumResult
-from . import secure
+from . import release
 from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
-from .privacy import RAW_DELTA, RULE_FEDAVG_SECURE, RULE_FEDAVG_UNTRUSTED, RULE_FEDAVG_USER, statement
+from .privacy import RAW_DELTA, RULE_FEDAVG_UNTRUSTED, RULE_FEDAVG_USER, statement
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -56,8 +56,7 @@ class FedAvgServer(ServerBase):
         self.sample_rate = min(1.0, cfg.fedavg_clients_per_round / self.population)
         self.server_ledger = PrivacyLedger()
         self.rounds_done = 0
-        if cfg.secure_aggregation:
-            self.use_secure_sums(secure.plan(cfg), secure.VOID, RULE_FEDAVG_SECURE)
+        self.use_channel(release.release_spec(cfg))
         self.public_warmed = not cfg.public_warmup_steps
 
     def _public_warm_start(self) -> None:
@@ -89,9 +88,9 @@ class FedAvgServer(ServerBase):
         """Every available node independently with probability q = m/K (possibly none); through
         secure sums, m of them within budget, least-used first (no amplification is claimed: the draw
         only has to give the sum its t inputs; ``sample_within_budget``), or none when fewer than t remain."""
-        if self.secure:
+        if self.summing:
             chosen = self.sample_within_budget(self.sampler, available, self.cfg.fedavg_clients_per_round, self.planned)
-            return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
+            return chosen if len(chosen) >= self.summing.fewest_to_ask else []  # else the run ends here
         return [available[i] for i in self.sampler.poisson(len(available), self.sample_rate).tolist()]
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, FedAvgRound]]:
@@ -100,12 +99,12 @@ class FedAvgServer(ServerBase):
             self._public_warm_start()
         out = []
         g_state, d_state = (on_cpu(m.state_dict()) for m in (self.generator, self.discriminator))
-        session = self.secure.open(step, nodes, "fa") if self.secure and nodes else ""
+        session = self.summing.open(step, nodes, "fa") if self.summing and nodes else ""
         for node in nodes:
             seed = int(torch.randint(2**31, (1,), generator=self.rng))
             request = FedAvgRound(step=step, seed=seed, generator=g_state, discriminator=d_state, session=session)
             out.append((node, request))
-            if not self.secure:
+            if not self.summing:
                 self.charge(node, RAW_DELTA)
         return out
 
@@ -118,7 +117,7 @@ class FedAvgServer(ServerBase):
     def expectations(self, step: int) -> dict[str, Any]:
         """A delta must fit D: the shapes of the entries it covers."""
         shapes = {name: tuple(t.shape) for name, t in self._template().items()}
-        return {"step": step, "shapes": shapes, "secure": self.secure is not None}
+        return {"step": step, "shapes": shapes, "secure": self.summing is not None}
 
     def accept(self, step: int, reply: Reply, outcome: StepOutcome) -> dict[str, torch.Tensor]:
         return reply.payload.delta
@@ -129,7 +128,7 @@ class FedAvgServer(ServerBase):
         malformed delta contributes nothing, as a client that was not sampled (the sum's
         sensitivity is S per client whatever the others sent), and its sender stays charged.
         Through secure sums the deltas wait on the nodes: the round's sum follows (``absorb_sums``)."""
-        if self.secure:
+        if self.summing:
             return
         try:
             update, info = aggregate_deltas(
@@ -149,13 +148,13 @@ class FedAvgServer(ServerBase):
     def absorb_sums(self, step: int, results: list[SumResult], outcome: StepOutcome) -> None:
         """The revealed sum of the round's clipped, noised deltas, divided by the fixed m, applied;
         then the generator steps. A round whose sum revealed nothing changes nothing."""
-        total, count = self.secure.total(results, outcome)
+        total, count = self.summing.total(results, outcome)
         if total is None:
             outcome.notes.append(f"round {step}: no secure sum was revealed; D and G unchanged")
             if results:
-                self.secure.gave_up(step, outcome)
+                self.summing.gave_up(step, outcome)
             return
-        update = secure.unflatten(torch.from_numpy(total / self.cfg.fedavg_clients_per_round), self.cfg)
+        update = release.unflatten(torch.from_numpy(total / self.cfg.fedavg_clients_per_round), self.cfg)
         self._finish_round(update, count, outcome)
 
     def _finish_round(self, update: dict[str, torch.Tensor], sampled: int, outcome: StepOutcome) -> None:
@@ -235,7 +234,7 @@ class FedAvgServer(ServerBase):
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
-        return statement(self.cfg, ledgers, self.server_ledger)
+        return statement(self.cfg, ledgers, self.server_ledger, self.spec)
 
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -250,7 +249,7 @@ class FedAvgServer(ServerBase):
             "sampler": self.sampler.state_dict(),
             "public_warmed": self.public_warmed,
             "g_optimizer": self.g_optimizer.state_dict(),
-            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
+            **({"secure_sums": self.summing.state_dict()} if self.summing else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,8 +261,8 @@ class FedAvgServer(ServerBase):
         self.records.load_state_dict(state.get("records", {}))
         self.sampler.load_state_dict(state.get("sampler", {}))
         self.public_warmed = bool(state.get("public_warmed", True))
-        if self.secure and "secure_sums" in state:
-            self.secure.load_state_dict(state["secure_sums"])
+        if self.summing and "secure_sums" in state:
+            self.summing.load_state_dict(state["secure_sums"])
         if "g_optimizer" in state:  # a checkpoint from before it held the generator's optimizer: fresh
             self.g_optimizer.load_state_dict(state["g_optimizer"])
         if "server_ledger" in state:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from common.channels import SUMS, ReleaseSpec, channel_for
+
 from ..base import MethodBase, or_error
 from ..protocol import ClientNode, PriorReleases, refusal
-from ..secure_sums import session_mismatch
 from . import canary, options, privacy
 from .client import answer_queries, answer_query
+from .deposit import deposit_answer
 from .messages import MESSAGES, GsAnswer, GsQuery
-from .secure import secure_answer
 from .server import GsWganServer
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class GsWgan(MethodBase):
     supports_dpac = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
 
     auditable = True
-    supports_secure_aggregation = True  # the step's m answers to one fake batch, summed securely
+    channel_needs = frozenset({SUMS})  # the step's m answers to one fake batch can be summed
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy
@@ -39,18 +40,11 @@ class GsWgan(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def check_run(self, cfg: ExperimentConfig) -> None:
-        options.check_run(cfg)
-
     def release_noise(self, cfg: ExperimentConfig) -> float:
         return privacy.release_noise(cfg)
 
-    def protocol_release_noise(self, cfg: ExperimentConfig) -> float:
-        return privacy.planned_event(cfg, cfg.batch_size).noise_multiplier if cfg.secure_aggregation else 0.0
-
-    def secure_cohort(self, cfg: ExperimentConfig) -> int:
-        """A step's m clients."""
-        return cfg.clients_per_step if cfg.secure_aggregation else 0
+    def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
+        return privacy.release_spec(cfg, noise_multiplier=noise_multiplier)
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
@@ -68,12 +62,12 @@ class GsWgan(MethodBase):
     def answer(self, node: ClientNode, request: GsQuery) -> GsAnswer:
         """Answer one query on this node's client state; the release is charged to the node's ledger
         and the state written before the reply leaves."""
-        state = node.load_state()
-        why = session_mismatch(node.cfg, request.session)
+        state, channel = node.load_state(), channel_for(node.cfg)
+        why = channel.session_mismatch(node.cfg, request.session)
         if why:
             return refusal(GsAnswer, request.step, state.client_id, why)
-        if request.session:
-            return secure_answer(node, state, request)  # charged and persisted inside
+        if channel.sums:
+            return deposit_answer(node, state, request)  # charged and persisted inside
         before = state.ledger.copy()
         answer = answer_query(state, node.cfg, request, node.policy)
         if not answer.refused:
@@ -87,7 +81,7 @@ class GsWgan(MethodBase):
         or data breaks its answer fails alone; an error outside any one client fails every node of
         the stacked phase, with its cause."""
         cfgs = [node.cfg for node in nodes]
-        if any(cfg.secure_aggregation for cfg in cfgs):  # each deposits on its own node: one by one
+        if any(channel_for(cfg).sums for cfg in cfgs):  # each deposits on its own node: one by one
             return super().answer_many(nodes, requests)
         states = [or_error(node.load_state) for node in nodes]
         ok = [i for i, state in enumerate(states) if not isinstance(state, Exception)]

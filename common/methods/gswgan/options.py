@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 from common.options import check, check_all, check_choice, option
 
-from ..secure_sums import check_cohort
-
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -109,12 +107,3 @@ def validate(c: ExperimentConfig) -> None:
     check_all(c, ("lr_g", "lr_d"), lambda v: v > 0, "must be > 0")
     check(c.warmup_steps >= 0, "warmup_steps", c.warmup_steps, "must be >= 0")
     check(0 <= c.grad_dct <= 28, "grad_dct", c.grad_dct, "must be in [0, 28] (0: pixels)")
-
-
-def check_run(c: ExperimentConfig) -> None:
-    """When GS-WGAN is the run's method: a secure sum needs a step of at least 3 clients, noise to
-    share, and a threshold within the step."""
-    if not c.secure_aggregation:
-        return
-    check_cohort(c, "clients_per_step", c.clients_per_step)
-    check(c.noise_multiplier > 0, "noise_multiplier", c.noise_multiplier, "must be > 0 with secure aggregation")

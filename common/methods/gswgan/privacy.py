@@ -15,14 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.calibration import ledger_epsilon, smallest_noise
+from common.calibration import smallest_noise
+from common.channels import ReleaseSpec, channel_for
 from common.privacy import PrivacyEvent, PrivacyLedger, query_noise_multiplier
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
-from common.secagg.plan import fewest_survivors, release_events
-
-from ..secure_sums import collusion_sentence, secure_rule
-from .secure_plan import plan
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -30,12 +27,6 @@ if TYPE_CHECKING:
 RULE_PER_CLIENT = (
     "per-client, untrusted server: each answered query is one Gaussian mechanism with noise "
     "multiplier σ/√B (sensitivity 2C, noise std 2σC, B samples per query), composed over the "
-    "client's own queries without amplification"
-)
-RULE_PER_CLIENT_SECURE = (
-    "per-client, server runs the secure sum ({collusion}): each answered query is one Skellam mechanism on the sum of "
-    "the step's answers (Agarwal, Kairouz & Liu 2021; replace-one sensitivities of the client's rounded "
-    "answer, norm ≤ C√B before rounding), noise multiplier σ/√B in the Gaussian's units, composed over the "
     "client's own queries without amplification"
 )
 RULE_AMPLIFIED_WOR = (
@@ -51,18 +42,38 @@ HONEST_TAIL = 8.0
 
 
 def release_noise(cfg: ExperimentConfig) -> float:
-    """The noise multiplier of each answer as the mechanism runs, σ/√B (what a node's minimum noise
-    is checked against: the server picks B, so σ alone would not bound it); through a secure sum, the
-    node's own share's, σ/√(B·(t − k))."""
-    nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-    if cfg.secure_aggregation:
-        return nm / math.sqrt(secure_survivors(cfg) - cfg.secagg_colluders)
-    return nm
+    """The noise multiplier of each answer in the clear, σ/√B (what a node's minimum noise is checked
+    against: the server picks B, so σ alone would not bound it; a channel says its own, ``run_terms``)."""
+    return query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
 
 
-def secure_survivors(cfg: ExperimentConfig) -> int:
-    """t of a step's secure sum over its m clients (``--secagg-threshold``, or ⌈2m/3⌉)."""
-    return fewest_survivors(cfg.clients_per_step, cfg.secagg_threshold)
+def coords(cfg: ExperimentConfig) -> int:
+    """Coordinates of one sample's gradient as released (DCT coefficients or pixels)."""
+    return cfg.grad_dct**2 if cfg.grad_dct else 28 * 28
+
+
+def release_spec(
+    cfg: ExperimentConfig, batch_size: int | None = None, *, noise_multiplier: float | None = None
+) -> ReleaseSpec:
+    """One answer: B rows of ``coords`` clipped to C each (the answer's norm ≤ C√B), carrying σ/√B
+    (or ``noise_multiplier`` per answer); a step asks its m clients (``--clients-per-step``), the
+    cohort of a summing channel."""
+    B = cfg.batch_size if batch_size is None else batch_size
+    nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=B)
+    nm = nm if noise_multiplier is None else noise_multiplier
+    void = client_void(cfg)
+    return ReleaseSpec(
+        what="answer",
+        describes="its answer to a query, B per-sample gradients each clipped to C (norm ≤ C√B)",
+        dim=B * coords(cfg),
+        clip=cfg.clip * math.sqrt(B),
+        noise_multiplier=nm,
+        cohort=cfg.clients_per_step,
+        cohort_field="clients_per_step",
+        noise_field="noise_multiplier",
+        clear_event=PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=void),
+        void=void,
+    )
 
 
 def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
@@ -79,12 +90,9 @@ def client_void(cfg: ExperimentConfig) -> str:
 
 
 def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
-    """The mechanism one answer runs, as it will be recorded: a Gaussian with noise multiplier
-    sigma/sqrt(B), void when the run uses a non-private option its nodes allowed."""
-    nm = query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=batch_size)
-    if cfg.secure_aggregation:  # the step's sum, against a server that runs the protocol
-        return release_events(plan(cfg), client_void(cfg))[0]
-    return PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=client_void(cfg))
+    """The mechanism one answer runs, as the run's channel records it: in the clear a Gaussian with
+    noise multiplier sigma/sqrt(B), void when the run uses a non-private option its nodes allowed."""
+    return channel_for(cfg).events(cfg, release_spec(cfg, batch_size))[0]
 
 
 def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
@@ -92,17 +100,9 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     ceil(T·m/K) of queries reaches the target; the target also becomes the clients' budget, so one
     sampled more often than expected refuses instead of exceeding it."""
     target = cfg.target_epsilon
-    queries = math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants()))
-    if cfg.secure_aggregation:  # the sums' Skellam, against a server that runs the protocol
-
-        def epsilon(nm: float) -> float:
-            return PrivacyLedger([plan(cfg, noise_multiplier=nm).protocol_event(max(queries, 1))]).epsilon(
-                delta=cfg.delta
-            )
-
-        per_query = smallest_noise(epsilon, target)
-    else:
-        per_query = smallest_noise(lambda nm: ledger_epsilon(nm, 1.0, max(queries, 1), cfg.delta), target)
+    queries = max(math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants())), 1)
+    channel = channel_for(cfg)
+    per_query = smallest_noise(lambda nm: channel.epsilon(cfg, release_spec(cfg, noise_multiplier=nm), queries), target)
     budget = min(cfg.client_epsilon_budget or target, target)
     return cfg.replace(noise_multiplier=per_query * math.sqrt(cfg.batch_size), client_epsilon_budget=budget)
 
@@ -176,23 +176,14 @@ def statement(
     include (the debugging task's selection query)."""
     delta, accountant = cfg.delta, cfg.accountant
     per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
-    if cfg.secure_aggregation:
-        t, k = secure_survivors(cfg), cfg.secagg_colluders
-        secure = (
-            f"Secure aggregation: the {cfg.clients_per_step} clients of a step answered the same fake batch and "
-            f"never sent their answers: each deposited its clipped gradients, scaled to integers and rounded to a "
-            f"fixed norm, with a Skellam share of the noise (Sk(μ/{t - k})), and the server saw only the SecAgg+ sum "
-            f"of at least {t} answers, which carries Sk(μ), noise multiplier σ/√B. The per-client ε below holds "
-            "against a server that runs that protocol; against one that deviates only a client's own share protects "
-            "it (the figure beside it in the report). No amplification by sampling is claimed."
-        )
-        rule = secure_rule(RULE_PER_CLIENT_SECURE, k)
-        parts = [*_released_sentences(cfg), secure, per_client, f"Rule: {rule}."]
-        parts += [collusion_sentence(plan(cfg), ledgers, delta)] + ([prior] if prior else [])
-        return assemble(list(ledgers.values()), parts, worst)
+    channel, spec = channel_for(cfg), release_spec(cfg)
+    how, *after = channel.sentences(cfg, spec, ledgers) or [""]
+    rule = channel.rule(cfg, spec, RULE_PER_CLIENT)
+    head = [*_released_sentences(cfg), *([how] if how else []), per_client, f"Rule: {rule}.", *after]
+    if channel.sums:  # a summing channel draws least-used first, no secret sample: no amplified figure
+        return assemble(list(ledgers.values()), head + ([prior] if prior else []), worst)
     amplified = _amplified_sentence(server, worst, delta=delta, accountant=accountant)
-    parts = [*_released_sentences(cfg), per_client, f"Rule: {RULE_PER_CLIENT}."]
-    parts += [amplified, f"Rule: {RULE_AMPLIFIED_WOR}."] + ([prior] if prior else [])
+    parts = head + [amplified, f"Rule: {RULE_AMPLIFIED_WOR}."] + ([prior] if prior else [])
     # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the
     # amplified figure, and its sentence says so.
     return assemble(list(ledgers.values()), parts, worst)

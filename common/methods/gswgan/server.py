@@ -32,16 +32,7 @@ from ..base import ServerBase
 from ..protocol import PriorReleases, Reply, StepOutcome, SumResult
 from .generator import ServerGenerator
 from .messages import GsAnswer, GsQuery
-from .privacy import (
-    RULE_AMPLIFIED_WOR,
-    RULE_PER_CLIENT,
-    RULE_PER_CLIENT_SECURE,
-    client_void,
-    implausible_norms,
-    planned_event,
-    statement,
-)
-from .secure import plan as secure_plan
+from .privacy import RULE_AMPLIFIED_WOR, RULE_PER_CLIENT, implausible_norms, release_spec, statement
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,19 +55,17 @@ class GsWganServer(ServerBase):
         self.server_ledger = PrivacyLedger(self.prior.server)
         self.steps_done = 0
         self._attached: dict[int, torch.Tensor] = {}
-        self.planned = planned_event(cfg, cfg.batch_size)
         self._selected = 0
-        if cfg.secure_aggregation:
-            self.use_secure_sums(secure_plan(cfg), client_void(cfg), RULE_PER_CLIENT_SECURE)
+        self.use_channel(release_spec(cfg))  # ``planned``: what one answer is charged
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
         """m of the available nodes, uniformly without replacement, from the secret sampler; the
         server's ledger records the draw at the rate that actually ran (q_t = m/K_t). Through secure
         sums (no amplification claimed), m within budget, least-used first (``sample_within_budget``)."""
-        if self.secure:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
+        if self.summing:  # a refusal would shrink the step's sum below its floor, wasting the others' answers
             chosen = self.sample_within_budget(self.sampler, available, self.cfg.clients_per_step, self.planned)
-            return chosen if len(chosen) >= self.secure.fewest_to_ask else []  # else the run ends here
+            return chosen if len(chosen) >= self.summing.fewest_to_ask else []  # else the run ends here
         chosen = self.sampler.choose(available, self.cfg.clients_per_step)
         self.server_ledger.record(
             PrivacyEvent(
@@ -94,10 +83,10 @@ class GsWganServer(ServerBase):
             self.generator.public_warm_start()
         self._attached = {}
         self._selected = len(nodes)
-        if self.secure and nodes:  # one fake batch for the step's m clients, one secure sum of their answers
+        if self.summing and nodes:  # one fake batch for the step's m clients, one secure sum of their answers
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached = {-1: attached}
-            query = dataclasses.replace(self._query(step, fakes, labels), session=self.secure.open(step, nodes, "gs"))
+            query = dataclasses.replace(self._query(step, fakes, labels), session=self.summing.open(step, nodes, "gs"))
             return [(node, query) for node in nodes]
         out = []
         for node in nodes:
@@ -128,7 +117,7 @@ class GsWganServer(ServerBase):
             "batch_size": self.cfg.batch_size,
             "step": step,
             "coords": self.cfg.grad_dct**2,
-            "secure": self.secure is not None,
+            "secure": self.summing is not None,
         }
 
     def on_lost(self, reply: Reply) -> None:
@@ -149,7 +138,7 @@ class GsWganServer(ServerBase):
         return self._attached[reply.node], torch.from_numpy(grad), stats
 
     def update(self, step: int, accepted: list[Any], replies: list[Reply], outcome: StepOutcome) -> None:
-        if self.secure:
+        if self.summing:
             return  # the answers wait on the nodes: the step's secure sum follows (``absorb_sums``)
         self._attached = {}
         if not accepted:
@@ -167,10 +156,10 @@ class GsWganServer(ServerBase):
         """The revealed sum of the step's answers through G, divided by B·m (every sampled client); a
         step whose sums keep revealing nothing is given up after a few attempts (``gave_up``)."""
         attached, self._attached = self._attached.get(-1), {}
-        total, _ = self.secure.total(results, outcome)
+        total, _ = self.summing.total(results, outcome)
         if total is None or attached is None:
             if results:
-                self.secure.gave_up(step, outcome)
+                self.summing.gave_up(step, outcome)
             return
         B = self.cfg.batch_size
         grads = torch.from_numpy(total.reshape(B, -1) if self.cfg.grad_dct else total.reshape(B, 1, 28, 28)).float()
@@ -224,7 +213,7 @@ class GsWganServer(ServerBase):
             "server_ledger": self.server_ledger.state_dict(),
             "sampler": self.sampler.state_dict(),
             "steps_done": self.steps_done,
-            **({"secure_sums": self.secure.state_dict()} if self.secure else {}),
+            **({"secure_sums": self.summing.state_dict()} if self.summing else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -237,8 +226,8 @@ class GsWganServer(ServerBase):
         else:  # its sampling was not recorded: claim no amplification for those steps (conservative)
             self.server_ledger = PrivacyLedger([self.planned.times(self.steps_done)] if self.steps_done else [])
         self.sampler.load_state_dict(state.get("sampler", {}))
-        if self.secure and "secure_sums" in state:
-            self.secure.load_state_dict(state["secure_sums"])
+        if self.summing and "secure_sums" in state:
+            self.summing.load_state_dict(state["secure_sums"])
 
 
 def requested_stats(stats: dict[str, float], asked: bool) -> dict[str, float]:

@@ -9,11 +9,10 @@ import torch
 
 from common.config import ConfigError
 from common.methods import ExperimentConfig, method
-from common.methods.dp_merf import secure
 from common.methods.dp_merf.features import class_means, embed
-from common.methods.dp_ntk.features import TANGENT, TangentFeatures
+from common.methods.dp_ntk.features import TangentFeatures
 from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
-from tests.helpers import federation, one_step
+from tests.helpers import federation, one_step, secure_plan
 
 
 def cfg(**changes) -> ExperimentConfig:
@@ -64,7 +63,7 @@ def test_the_map_is_public_and_seeded():
 
 def test_the_secure_plan_takes_the_family_size():
     c = cfg(ntk_width=5, ntk_dct=4, secure_aggregation=True, merf_noise_multiplier=1.0, secagg_cohort=3)
-    assert secure.plan(c, TANGENT).dim == 10 * (5 * 17 + 1)
+    assert secure_plan(c).dim == 10 * (5 * 17 + 1)
 
 
 def test_options_are_checked_by_name():

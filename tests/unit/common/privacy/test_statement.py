@@ -10,6 +10,7 @@ import pytest
 from common.methods import ExperimentConfig
 from common.methods.dpgan import privacy as dpgan_privacy
 from common.methods.fedavg_gan import privacy as fedavg_privacy
+from common.methods.fedavg_gan import release as fedavg_release
 from common.methods.gswgan import privacy as gswgan_privacy
 from common.methods.gswgan.privacy import RULE_AMPLIFIED_WOR, RULE_PER_CLIENT
 from common.privacy import PrivacyEvent, PrivacyLedger
@@ -39,7 +40,7 @@ def dpgan_statement(ledger, **options) -> str:
 
 def fedavg_statement(ledgers, server, *, clip: float, noise_multiplier: float, **options) -> str:
     cfg = ExperimentConfig(strategy="fedavg-gan", fedavg_clip=clip, fedavg_noise_multiplier=noise_multiplier, **options)
-    return fedavg_privacy.statement(cfg, ledgers, server)
+    return fedavg_privacy.statement(cfg, ledgers, server, fedavg_release.release_spec(cfg))
 
 
 def _ledgers(counts: dict[int, int], void: str = "") -> dict[int, PrivacyLedger]:

@@ -1,7 +1,8 @@
-"""A method's server side through secure sums, whatever it sums (DP-MERF's summaries, GS-WGAN's
-gradients): the sessions it opens, who deposited, the sums it asks the shells to run
-(``SumRequest``), what they revealed, and the second guarantee, against a server that deviates,
-from records of its own (``common/secagg/plan.py`` has the plan and its events).
+"""The secure-sum channel's server part (``secure_sum.py`` is the channel), whatever a method sums
+(DP-MERF's summaries, GS-WGAN's gradients, Fed-Avg's deltas): the sessions it opens, who
+deposited, the sums it asks the shells to run (``SumRequest``), what they revealed, and the second
+guarantee, against a server that deviates, from records of its own (``common/secagg/plan.py`` has
+the plan and its events).
 
 The server never holds a client's vector: it asks the clients of a session to deposit their encoded
 release on their node, then asks the shells for one SecAgg+ sum per session over the nodes that
@@ -12,11 +13,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from common.options import check
 from common.privacy.ledger import PrivacyLedger
 from common.privacy.policy import DEFAULT_MIN_SECAGG_COHORT
 from common.privacy.records import ClientRecords
@@ -26,16 +26,11 @@ from common.secagg.plan import (
     SecureSumPlan,
     colluding_event,
     coordinate_range,
-    fewest_survivors,
     release_events,
 )
+from common.secagg.requests import SumRequest, SumResult
 
-from .protocol import ClientNode, StepOutcome, SumRequest, SumResult
-
-if TYPE_CHECKING:
-    from common.client_state import ClientState
-    from common.methods import ExperimentConfig
-    from common.privacy import PrivacyEvent
+from .spec import Outcome
 
 MAX_STEP_ATTEMPTS = 3  # attempts at one step whose sums reveal nothing before the step is given up
 MAX_SEEN = 200_000  # masked-vector digests kept for replay detection (6 MB); then the oldest are forgotten
@@ -109,12 +104,11 @@ def collusion_sentence(plan: SecureSumPlan, ledgers: Mapping[int, PrivacyLedger]
 class SecureSums:
     """What a method's server keeps for its secure sums (one per run)."""
 
-    def __init__(
-        self, cfg: ExperimentConfig, plan: SecureSumPlan, void: str = "", client_of: Callable[[int], int] = int
-    ) -> None:
+    def __init__(self, cfg: Any, plan: SecureSumPlan, void: str = "", client_of: Callable[[int], int] = int) -> None:
         self.cfg, self.plan, self.client_of = cfg, plan, client_of
         self.range = coordinate_range(plan)
-        self.own_event = release_events(plan, void)[1]
+        self.planned, self.own_event = release_events(plan, void)  # what a deposit is charged: as planned
+        self.kind, self.rule = secure_kind(cfg.secagg_colluders), ""  # the headline's (the channel sets the rule)
         self.own = ClientRecords(cfg.delta)  # the second guarantee, charged like the headline's records
         self.pending: dict[str, list[int]] = {}  # session -> the nodes that deposited for it
         self.session_of: dict[int, str] = {}
@@ -166,7 +160,7 @@ class SecureSums:
         self.pending, self.session_of = {}, {}
         return out
 
-    def total(self, results: list[SumResult], outcome: StepOutcome) -> tuple[np.ndarray | None, int]:
+    def total(self, results: list[SumResult], outcome: Outcome) -> tuple[np.ndarray | None, int]:
         """(the sum of every revealed sum, in the vectors' units; how many inputs it holds), or
         (None, 0) when none was revealed; a note per sum that aborted or lost nodes. Every node a sum
         named (``SumResult.culprits``), or that every sum an out-of-range input spoiled held, is marked
@@ -197,7 +191,7 @@ class SecureSums:
         more = f"; {len(dropped) - shown} more" if len(dropped) > shown else ""
         return f"{len(dropped)} node(s): {named}{more}"
 
-    def _exclude(self, session: str, culprits: dict[int, str], outcome: StepOutcome) -> None:
+    def _exclude(self, session: str, culprits: dict[int, str], outcome: Outcome) -> None:
         for node, why in sorted(culprits.items()):
             outcome.failed_nodes.append(node)
             outcome.failure_reasons[node] = f"named by secure sum {session}: {why}"
@@ -222,7 +216,7 @@ class SecureSums:
             "other node of them was in a sum that revealed a sound total"
         }
 
-    def gave_up(self, step: int, outcome: StepOutcome) -> bool:
+    def gave_up(self, step: int, outcome: Outcome) -> bool:
         """Whether ``step`` is given up: its sums revealed nothing ``MAX_STEP_ATTEMPTS`` times (each
         attempt's releases charged). The run then moves on without an update instead of asking the
         same step again without end (audit 4, item 10: one rogue kept a run on one step, ε 556)."""
@@ -263,61 +257,13 @@ class SecureSums:
             "sums": self.sums,
         }
 
+    def section(self) -> dict[str, Any]:
+        """Its part of the report's parameters, under the option that turned it on."""
+        return {"secure_aggregation": self.parameters()}
+
     def state_dict(self) -> dict[str, Any]:
         return {"own_records": self.own.state_dict(), "sums": list(self.sums)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.own.load_state_dict(state["own_records"])
         self.sums = list(state.get("sums", []))
-
-
-def session_mismatch(cfg: ExperimentConfig, session: str) -> str:
-    """Why a node refuses a request whose secure-sum session (or its absence) does not match the
-    run's ``secure_aggregation`` ("": it matches): a deposit the run never sums, or a release in the
-    clear that the run promised to sum, is never made."""
-    if cfg.secure_aggregation == bool(session):
-        return ""
-    return "the request's secure-sum session does not match the run's secure-aggregation setting"
-
-
-def check_cohort(c: ExperimentConfig, field: str, cohort: int) -> None:
-    """A run-only check of a method whose secure sum's cohort is ``field`` (= ``cohort`` clients): at
-    least 3 (no smaller sum is an aggregate), at least ``secagg_threshold``, and fewer colluders than
-    the survivors t (the t − k honest ones carry the noise)."""
-    check(cohort >= 3, field, cohort, "must be >= 3 with secure aggregation (these clients are the sum's cohort)")
-    check(
-        c.secagg_threshold <= cohort,
-        "secagg_threshold",
-        c.secagg_threshold,
-        f"must be at most {field}={cohort} (those clients are the sum's cohort)",
-    )
-    t = fewest_survivors(cohort, c.secagg_threshold)
-    check(
-        c.secagg_colluders < t,
-        "secagg_colluders",
-        c.secagg_colluders,
-        f"must be below the {t} survivors of a sum (t; the t - k honest ones carry the noise)",
-    )
-
-
-def deposit(
-    node: ClientNode,
-    state: ClientState,
-    session: str,
-    vector: np.ndarray,
-    plan: SecureSumPlan,
-    events: tuple[PrivacyEvent, PrivacyEvent, PrivacyEvent],
-) -> None:
-    """A client's side of a release through a secure sum, once its vector is encoded: the node's
-    ledger charged with the event its policy counts and the run's with ``protocol``, the state
-    written, then the vector deposited (masked in the sum's third round, never sent in the clear).
-    A crash in between over-counts, never under-counts. ``events`` is (the protocol's event, the own
-    share's, the one the node's policy counts: one of the two), the first two recorded in the client's
-    state (composed over every run on it); the deposit is bound to ``plan``'s floor t and range R."""
-    protocol, own, counted = events
-    node.charge({state.client_id: [counted]})
-    state.ledger.record(protocol)
-    state.own_ledger.record(own)
-    state.version += 1
-    node.persist(state)
-    node.deposit_secure_input(session, vector, floor=plan.threshold, bound=coordinate_range(plan))
