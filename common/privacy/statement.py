@@ -189,6 +189,16 @@ def public_data_sentence(cfg: RunOptions) -> str:
     )
 
 
+def protected(kind: str) -> str:
+    """What a headline of ``kind`` protects, as a noun phrase: a kind of its own (a release channel's,
+    "per client, server runs the secure sum, ...") names one client's data with the kind's terms."""
+    if kind in _PROTECTED:
+        return _PROTECTED[kind]
+    if kind.startswith("per client, "):
+        return f"one client's whole data set ({kind.removeprefix('per client, ')})"
+    return kind
+
+
 def epsilon_meaning(epsilon: float | None, *, delta: float, kind: str = KIND_PER_CLIENT) -> str:
     """One sentence on what a headline ε of ``kind`` (its unit) means and where the trade-off
     against quality is shown."""
@@ -202,6 +212,6 @@ def epsilon_meaning(epsilon: float | None, *, delta: float, kind: str = KIND_PER
     else:
         strength = "weak: the odds bound alone is vacuous at this size, only ruling out near-certain inferences"
     return (
-        f"except with probability δ = {delta:g}, no inference about {_PROTECTED.get(kind, kind)} can shift "
+        f"except with probability δ = {delta:g}, no inference about {protected(kind)} can shift "
         f"anyone's odds by more than a factor e^ε = e^{epsilon:.3g} ({strength}); {where}"
     )

@@ -139,6 +139,8 @@ def test_epsilon_meaning_names_the_unit_it_protects():
     assert "one client's whole data set, against the server itself" in epsilon_meaning(10.0, delta=1e-5)
     example = epsilon_meaning(10.0, delta=1e-5, kind=KIND_EXAMPLE)
     assert "one training example" in example and "client" not in example
+    secure = epsilon_meaning(1.0, delta=1e-5, kind="per client, server runs the secure sum, no colluding client")
+    assert "no inference about one client's whole data set (server runs the secure sum, no colluding client)" in secure
 
 
 def test_dpac_is_named_in_both_statements():
