@@ -48,12 +48,26 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> Iterator[str]:
-    """Every module ``path`` imports, relative imports resolved to absolute names."""
+def imports(path: Path, *, with_typing: bool = True) -> Iterator[str]:
+    """Every module ``path`` imports, relative imports resolved to absolute names; without
+    ``with_typing``, less those under ``if TYPE_CHECKING:`` (annotations only: no runtime arrow)."""
+    tree = ast.parse(path.read_text())
+    skipped = (
+        set()
+        if with_typing
+        else {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+    )
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -125,30 +139,6 @@ def test_every_module_is_this_checkouts(package):
                 assert file is None or Path(file).resolve().is_relative_to(ROOT), f"{path}: {name} from {file}"
 
 
-def runtime_imports(path: Path) -> Iterator[str]:
-    """``imports(path)`` less those under ``if TYPE_CHECKING:`` (annotations only: no runtime arrow)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            yield module
-            yield from (f"{module}.{alias.name}" for alias in node.names)
-
-
 def import_circles() -> list[list[str]]:
     """Every strongly connected group of two or more project modules (Tarjan), lazy imports included."""
     modules = {module_name(p): p for p in sources(*PACKAGES)}
@@ -159,7 +149,9 @@ def import_circles() -> list[list[str]]:
         return name or None
 
     def arrows(m: str, path: Path) -> set[str]:  # a module's own parent packages are initialising already
-        return {r for n in runtime_imports(path) if (r := resolve(n)) and r != m and not m.startswith(r + ".")}
+        return {
+            r for n in imports(path, with_typing=False) if (r := resolve(n)) and r != m and not m.startswith(r + ".")
+        }
 
     graph = {m: arrows(m, p) for m, p in modules.items()}
     index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
