@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.calibration import ledger_epsilon
 from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.sanitizer import gaussian_noised
 
 from .spec import ReleaseSpec
 
@@ -63,10 +64,8 @@ class LocalChannel:
 
     def noised(self, cfg: Any, spec: ReleaseSpec, clipped: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
         """``clipped`` plus the Gaussian the spec asks for: std 2σ·clip per coordinate (replace-one
-        sensitivity 2·clip)."""
-        import torch  # noqa: PLC0415 - the channel's only tensor work
-
-        return clipped + 2.0 * spec.noise_multiplier * spec.clip * torch.randn(clipped.shape, generator=noise)
+        sensitivity 2·clip), drawn from the client's own ``noise``."""
+        return gaussian_noised(clipped, spec.std, noise)
 
     def admit(self, node: Any, state: Any, spec: ReleaseSpec) -> Any:
         raise TypeError("a local release is sent, never deposited")

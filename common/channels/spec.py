@@ -46,7 +46,10 @@ class ReleaseSpec:
     own mechanism runs it (a Gaussian, or a raw delta the server noises); ``void`` why a release in
     this run is not private (a debugging option its nodes allowed). ``what`` names one release in
     refusals and statements ("summary", "answer", "delta"); ``describes`` says what it is, for the
-    channel's rule ("its labelled mean embedding, once, clipped to S")."""
+    channel's rule ("its labelled mean embedding, once, clipped to S"). ``noise_std``: the std per
+    coordinate of the Gaussian the local channel adds, as the method defines it (2σS; GS-WGAN's
+    per-sample rows 2σC, the same as 2·(σ/√B)·(C√B) but computed as its own mechanism always was);
+    None: 2·noise_multiplier·clip."""
 
     what: str
     describes: str
@@ -58,6 +61,12 @@ class ReleaseSpec:
     noise_field: str
     clear_event: PrivacyEvent
     void: str = ""
+    noise_std: float | None = None
+
+    @property
+    def std(self) -> float:
+        """The local Gaussian's std per coordinate (``noise_std``, or 2·noise_multiplier·clip)."""
+        return 2.0 * self.noise_multiplier * self.clip if self.noise_std is None else self.noise_std
 
 
 class Outcome(Protocol):

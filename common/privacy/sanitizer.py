@@ -62,19 +62,30 @@ def sanitize_sample_grads(
     _check_inputs(grads, clip=clip, noise_multiplier=noise_multiplier)
     batch_size = grads.shape[0]
     with torch.no_grad():
-        work = grads.detach().to(torch.promote_types(grads.dtype, torch.float32))
-        work = zero_non_finite_rows(work)
-        clipped = clip_sample_grads(work, clip=clip)
-        if noise_multiplier > 0:
-            noise = torch.randn(work.shape, generator=generator, device=generator.device, dtype=work.dtype)
-            clipped = clipped + noise.to(work.device) * (2.0 * noise_multiplier * clip)
-        sanitized = clipped.to(grads.dtype)
+        clipped = clipped_rows(grads, clip=clip)
+        sanitized = gaussian_noised(clipped, 2.0 * noise_multiplier * clip, generator).to(grads.dtype)
     event = PrivacyEvent(
         noise_multiplier=query_noise_multiplier(noise_multiplier=noise_multiplier, batch_size=batch_size),
         sample_rate=1.0,
         void=void,
     )
     return sanitized, event
+
+
+def clipped_rows(grads: torch.Tensor, *, clip: float) -> torch.Tensor:
+    """``grads`` ([B, ...]) in at least float32, each row that is not finite zeroed, then clipped to
+    ``clip``: what a per-sample release is before its noise."""
+    work = grads.detach().to(torch.promote_types(grads.dtype, torch.float32))
+    return clip_sample_grads(zero_non_finite_rows(work), clip=clip)
+
+
+def gaussian_noised(values: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """``values`` plus N(0, std²) per coordinate, drawn on ``generator``'s device in ``values``' dtype
+    (``values`` itself when ``std`` is 0: nothing is drawn)."""
+    if std == 0:
+        return values
+    noise = torch.randn(values.shape, generator=generator, device=generator.device, dtype=values.dtype)
+    return values + noise.to(values.device) * std
 
 
 def zero_non_finite_rows(grads: torch.Tensor) -> torch.Tensor:

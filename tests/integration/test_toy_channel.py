@@ -59,11 +59,29 @@ def test_the_calibration_and_the_node_policy_go_through_the_channel(tmp_path, to
     assert run_terms(cfg).release_noise == 2 * cfg.merf_noise_multiplier  # what min-noise-multiplier is held to
 
 
+def test_gswgans_answers_go_through_the_channel_too(tmp_path, toy):
+    """Each answer's B clipped rows are noised by the channel (its stacked critic phase included) and
+    charged as what the channel ran: 2σ/√B per answer."""
+    cfg = prepare(tiny_cfg(tmp_path / "run", strategy="gswgan", release_channel=toy.name, clients_per_step=2, steps=2))
+    run = RunDirectory.create(cfg)
+    transport = InProcessTransport(client_app, cfg.num_clients, node_state=run.state_dir)
+    summary = run_experiment(cfg, run, transport, transport_name="inprocess")
+    assert summary["status"] == "completed" and toy.noised_releases == 4  # 2 steps x 2 clients
+    privacy = json.loads((run.path / "privacy.json").read_text())
+    per_answer = 2 * cfg.noise_multiplier / cfg.batch_size**0.5
+    asked = [client for client in privacy["clients"] if client["queries"]]
+    assert sum(client["queries"] for client in asked) == 4
+    for client in asked:
+        expected = PrivacyLedger([PrivacyEvent(noise_multiplier=per_answer, count=client["queries"])])
+        assert client["epsilon"] == pytest.approx(expected.epsilon(delta=cfg.delta))
+    assert privacy["epsilon_kind"] == toy_channel.KIND
+
+
 def test_a_method_that_does_not_admit_the_channel_is_refused_by_name(toy):
-    """GS-WGAN noises its own clear answers (per-sample, in its sanitizer): a channel that noises
-    in the method's place cannot carry it, and the configuration says so before any work."""
-    with pytest.raises(ConfigError, match="release_channel.*strategy gswgan has no toy-doubled form"):
-        ExperimentConfig(strategy="gswgan", release_channel=toy.name)
+    """Fed-Avg GAN's clear release is a raw delta the server noises: a channel that noises on the
+    client in the method's place cannot carry it, and the configuration says so before any work."""
+    with pytest.raises(ConfigError, match="release_channel.*strategy fedavg-gan has no toy-doubled form"):
+        ExperimentConfig(strategy="fedavg-gan", release_channel=toy.name)
     with pytest.raises(ConfigError, match="release_channel.*choose one of local, secure-sum"):
         ExperimentConfig(strategy="dp-merf", release_channel="nope")
     with pytest.raises(ConfigError, match="release_channel.*contradicts secure_aggregation"):

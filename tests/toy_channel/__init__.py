@@ -4,8 +4,10 @@ and touches no method.
 
 Releases go in the clear, each noised by the channel with twice the noise the method asks for
 (std 4σ·clip per coordinate), and charged as what ran: a Gaussian with noise multiplier 2σ. A method
-that lets the channel noise its clear release (``NOISE``: DP-MERF and DP-NTK) runs through it
+that lets the channel noise its clear release (``NOISE``) runs through it
 unchanged; the statement, the headline's kind and rule are the channel's. It counts its releases.
+DP-MERF, DP-NTK and GS-WGAN admit it; Fed-Avg GAN, whose clear release is a raw delta the server
+noises, does not.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from common.calibration import ledger_epsilon
 from common.channels import NOISE, ReleaseSpec
 from common.privacy import PrivacyEvent, PrivacyLedger
+from common.privacy.sanitizer import gaussian_noised
 
 KIND = "per client, untrusted server, toy channel"
 RULE = "toy channel: each release in the clear with noise multiplier 2σ, composed over the client's own releases"
@@ -69,7 +72,7 @@ class DoubledNoise:
 
     def noised(self, cfg: Any, spec: ReleaseSpec, clipped: torch.Tensor, noise: torch.Generator) -> torch.Tensor:
         self.noised_releases += 1
-        return clipped + 4.0 * spec.noise_multiplier * spec.clip * torch.randn(clipped.shape, generator=noise)
+        return gaussian_noised(clipped, 2 * spec.std, noise)
 
     def admit(self, node: Any, state: Any, spec: ReleaseSpec) -> Any:
         raise TypeError("a clear release is never deposited")

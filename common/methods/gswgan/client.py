@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.channels import channel_for
 from common.client_state import ClientState
 from common.data import num_classes_for
 from common.io.codec import encode_grads
 from common.learning.models import device_of
-from common.privacy import NodePolicy, sanitize_sample_grads
+from common.privacy import NodePolicy, PrivacyEvent
 from common.privacy.dct import to_coefficients
-from common.privacy.events import VOID_CLIENT_STATS
-from common.privacy.sanitizer import release_noise_source
+from common.privacy.sanitizer import clipped_rows, release_noise_source
 
 from ..base import or_error
 from ..protocol import refusal
 from . import critic_graph, critic_stack
 from .critic import critic_steps, first_contact, real_batch, select_critic_fakes
 from .messages import GsAnswer, GsQuery
-from .privacy import planned_event
+from .privacy import planned_event, release_spec
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -103,18 +103,18 @@ def begin_answer(
 def finish_answer(
     pending: PendingAnswer, cfg: ExperimentConfig, grads: torch.Tensor, stats: dict[str, torch.Tensor]
 ) -> GsAnswer:
-    """The release: ``grads`` (the per-sample gradients of the queried batch) clipped and noised
-    by this client with its own noise, one ledger entry, then the wire encoding."""
+    """The release: ``grads`` (the per-sample gradients of the queried batch) clipped, then noised
+    by the run's channel with this client's own noise (the local one: N(0, (2σC)²) per coordinate,
+    ``sanitize_sample_grads``'s mechanism), one ledger entry for what the channel ran, then the wire
+    encoding."""
     state = pending.state
+    channel, spec = channel_for(cfg), release_spec(cfg, pending.batch_size)
     released = to_coefficients(grads, cfg.grad_dct) if cfg.grad_dct else grads
     noise, void = release_noise_source(cfg.noise_seed, state.client_id, pending.step)
-    noisy, ran = sanitize_sample_grads(
-        released,
-        clip=cfg.clip,
-        noise_multiplier=cfg.noise_multiplier,
-        generator=noise,
-        void=void or (VOID_CLIENT_STATS if cfg.client_stats else ""),
-    )
+    with torch.no_grad():
+        noisy = channel.noised(cfg, spec, clipped_rows(released, clip=cfg.clip), noise).to(released.dtype)
+    event = channel.events(cfg, spec)[0]
+    ran = PrivacyEvent(noise_multiplier=event.noise_multiplier, sample_rate=1.0, void=void or event.void)
     state.ledger.record(ran)
     state.version += 1
     # Wire encoding strictly after the noise: the float16 cast and deflate are post-processing.

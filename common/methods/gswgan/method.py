@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from common.channels import SUMS, ReleaseSpec, channel_for
+from common.channels import NOISE, SUMS, ReleaseSpec, channel_for
 
 from ..base import MethodBase, or_error
 from ..protocol import ClientNode, PriorReleases, refusal
@@ -29,7 +29,7 @@ class GsWgan(MethodBase):
     supports_dpac = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
 
     auditable = True
-    channel_needs = frozenset({SUMS})  # the step's m answers to one fake batch can be summed
+    channel_needs = frozenset({SUMS, NOISE})  # the step's m answers to one fake batch can be summed; its rows noised
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy

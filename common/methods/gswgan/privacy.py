@@ -73,6 +73,8 @@ def release_spec(
         noise_field="noise_multiplier",
         clear_event=PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=void),
         void=void,
+        # each row's Gaussian as the mechanism defines it: std 2σC (for the run's σ)
+        noise_std=2.0 * cfg.noise_multiplier * cfg.clip if noise_multiplier is None else None,
     )
 
 
@@ -107,18 +109,20 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     return cfg.replace(noise_multiplier=per_query * math.sqrt(cfg.batch_size), client_epsilon_budget=budget)
 
 
-def honest_norm_bound(cfg: ExperimentConfig) -> float:
+def honest_norm_bound(cfg: ExperimentConfig, noise_scale: float = 1.0) -> float:
     """The largest per-sample norm an honest answer shows except with negligible probability: the
-    clipped gradient (≤ C) plus noise of std 2σC on each of its d coordinates."""
-    d = cfg.grad_dct**2 if cfg.grad_dct else 28 * 28
-    return cfg.clip * (1.01 + 2 * cfg.noise_multiplier * (math.sqrt(d) + HONEST_TAIL))  # 1%: float16 rounding
+    clipped gradient (≤ C) plus noise of std 2σC on each of its d coordinates (times ``noise_scale``:
+    the run's channel's noise over the method's own)."""
+    d = coords(cfg)
+    sigma = cfg.noise_multiplier * noise_scale
+    return cfg.clip * (1.01 + 2 * sigma * (math.sqrt(d) + HONEST_TAIL))  # 1%: float16 rounding
 
 
-def implausible_norms(grad: np.ndarray, cfg: ExperimentConfig) -> str:
+def implausible_norms(grad: np.ndarray, cfg: ExperimentConfig, noise_scale: float = 1.0) -> str:
     """Why an answer cannot be honest (a row above ``honest_norm_bound``), or "": such an answer
     would move G by what a hostile client chose (1e30 once saturated Adam's moments for good)."""
     norms = np.sqrt(np.square(grad.reshape(grad.shape[0], -1), dtype=np.float64).sum(axis=1))
-    bound = honest_norm_bound(cfg)
+    bound = honest_norm_bound(cfg, noise_scale)
     if not np.all(norms <= bound):
         worst = float(np.max(norms))
         return f"a per-sample norm of {worst:.3g} exceeds {bound:.3g}, what clipping to C plus the noise allows"
