@@ -36,7 +36,6 @@ MAX_STEP_ATTEMPTS = 3  # attempts at one step whose sums reveal nothing before t
 MAX_SEEN = 200_000  # masked-vector digests kept for replay detection (6 MB); then the oldest are forgotten
 KIND_SECURE_SUM = "per client, server runs the secure sum"
 KIND_DEVIATING = "per client, server deviates from the secure sum"
-COLLUSION = "{collusion}"  # where a method's rule names the collusion it assumes (``secure_rule``)
 RULE_DEVIATING = (
     "against a server that deviates from the protocol (or colludes with enough clients to unmask one "
     "vector), only the client's own noise share protects it: Sk(μ/(t − k)), the Skellam mechanism on its "
@@ -75,11 +74,6 @@ def secure_basis(colluders: int) -> str:
     )
 
 
-def secure_rule(rule: str, colluders: int) -> str:
-    """A method's secure rule (with ``COLLUSION`` where its assumption goes) for this run's k."""
-    return rule.replace(COLLUSION, collusion_assumption(colluders))
-
-
 def collusion_sentence(plan: SecureSumPlan, ledgers: Mapping[int, PrivacyLedger], delta: float) -> str:
     """What the run's k bought, for its privacy statement: the most exposed client's ε against one
     colluder more than the shares were calibrated for (a sum of t whose k + 1 colluders subtract their
@@ -107,8 +101,7 @@ class SecureSums:
     def __init__(self, cfg: Any, plan: SecureSumPlan, void: str = "", client_of: Callable[[int], int] = int) -> None:
         self.cfg, self.plan, self.client_of = cfg, plan, client_of
         self.range = coordinate_range(plan)
-        self.planned, self.own_event = release_events(plan, void)  # what a deposit is charged: as planned
-        self.kind, self.rule = secure_kind(cfg.secagg_colluders), ""  # the headline's (the channel sets the rule)
+        self.own_event = release_events(plan, void)[1]  # the client's own share: the deviating server's figure
         self.own = ClientRecords(cfg.delta)  # the second guarantee, charged like the headline's records
         self.pending: dict[str, list[int]] = {}  # session -> the nodes that deposited for it
         self.session_of: dict[int, str] = {}

@@ -19,9 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from common.options import check
 from common.privacy import PrivacyEvent, PrivacyLedger
-from common.secagg.plan import SecureSumPlan, client_vector, coordinate_range, fewest_survivors, plan_with_multiplier
+from common.secagg.plan import (
+    SecureSumPlan,
+    client_vector,
+    coordinate_range,
+    fewest_survivors,
+    plan_with_multiplier,
+    release_events,
+)
 
-from .secure_server import SecureSums, collusion_sentence, secure_kind, secure_rule
+from .secure_server import SecureSums, collusion_assumption, collusion_sentence, secure_kind
 from .spec import SUMS, DepositingNode, ReleaseSpec
 
 if TYPE_CHECKING:
@@ -75,8 +82,6 @@ class SecureSumChannel:
         return fewest_survivors(spec.cohort, cfg.secagg_threshold)
 
     def events(self, cfg: Any, spec: ReleaseSpec) -> tuple[PrivacyEvent, PrivacyEvent]:
-        from common.secagg.plan import release_events  # noqa: PLC0415 - beside its plan
-
         return release_events(self.plan(cfg, spec), spec.void)
 
     def node_noise(self, cfg: Any, spec: ReleaseSpec) -> float:
@@ -133,8 +138,8 @@ class SecureSumChannel:
         return secure_kind(cfg.secagg_colluders)
 
     def rule(self, cfg: Any, spec: ReleaseSpec, clear_rule: str) -> str:
-        text = RULE.format(collusion="{collusion}", describes=spec.describes, noise=_noise_name(spec))
-        return secure_rule(text, cfg.secagg_colluders)
+        collusion = collusion_assumption(cfg.secagg_colluders)
+        return RULE.format(collusion=collusion, describes=spec.describes, noise=_noise_name(spec))
 
     def sentences(self, cfg: Any, spec: ReleaseSpec, ledgers: Mapping[int, PrivacyLedger]) -> list[str]:
         """What the statement says of the channel: how a release was summed, and what k bought."""
@@ -204,9 +209,7 @@ class SecureSumChannel:
 
     # --- the server's side ---------------------------------------------------------------------------
     def server(self, cfg: Any, spec: ReleaseSpec, client_of: Callable[[int], int]) -> SecureSums:
-        records = SecureSums(cfg, self.plan(cfg, spec), spec.void, client_of)
-        records.rule = self.rule(cfg, spec, "")
-        return records
+        return SecureSums(cfg, self.plan(cfg, spec), spec.void, client_of)
 
 
 def _noise_name(spec: ReleaseSpec) -> str:
