@@ -56,6 +56,14 @@ class MethodBase:
         the calibration): default None, its releases take no channel."""
         return None
 
+    def release_noise(self, cfg: ExperimentConfig) -> float:
+        """The noise multiplier of each release in the clear: by default what its release spec says
+        (``run_terms`` asks the run's channel instead); a method with no spec says its own."""
+        spec = self.release_spec(cfg)
+        if spec is None:
+            raise NotImplementedError(f"{getattr(self, 'name', 'this method')} describes no release: say its noise")
+        return spec.clear_event.noise_multiplier
+
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         return cfg.batch_size
 

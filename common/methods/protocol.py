@@ -168,7 +168,7 @@ class Method(Protocol):
     else the spec describes one release for the run's channel, ``common/channels``, which then decides
     what a release costs and how it leaves the node, and ``channel_needs`` says what the method
     admits: ``"sums"``, a server side that takes a revealed sum, ``"noise"``, a clear release the
-    channel noises; ``release_noise`` is then its release's noise in the clear), ``min_client_images``
+    channel noises; ``release_noise`` then defaults to its release's noise in the clear), ``min_client_images``
     (batch_size images per client), ``client_critic_lr``
     (None: its clients keep no private discriminator), ``generator_updates`` (one per step),
     ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own ledger is

@@ -52,9 +52,6 @@ class DpMerf(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def release_noise(self, cfg: ExperimentConfig) -> float:
-        return privacy.release_noise(cfg)
-
     def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
         return privacy.release_spec(cfg, self.family, noise_multiplier=noise_multiplier)
 

@@ -49,11 +49,6 @@ def release_spec(cfg: ExperimentConfig, family: FeatureFamily, *, noise_multipli
     )
 
 
-def release_noise(cfg: ExperimentConfig) -> float:
-    """σ of the release a client makes in the clear (a channel says its own: ``run_terms``)."""
-    return cfg.merf_noise_multiplier
-
-
 def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
     return ["noise multiplier 0 (the summary released without noise)"] if cfg.merf_noise_multiplier == 0 else []
 

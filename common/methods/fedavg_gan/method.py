@@ -34,9 +34,6 @@ class FedAvgGan(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def release_noise(self, cfg: ExperimentConfig) -> float:
-        return privacy.release_noise(cfg)
-
     def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
         return release.release_spec(cfg, noise_multiplier=noise_multiplier)
 

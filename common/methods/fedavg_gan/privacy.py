@@ -37,12 +37,6 @@ RULE_FEDAVG_UNTRUSTED = (
 )
 
 
-def release_noise(cfg: ExperimentConfig) -> float:
-    """A client adds no noise: the server does (its ``fedavg_noise_multiplier``), so 0, below any
-    node minimum; a node sends raw deltas only when its policy trusts the server."""
-    return 0.0
-
-
 def nonprivate_options(cfg: ExperimentConfig) -> list[str]:
     return []
 

@@ -40,9 +40,6 @@ class GsWgan(MethodBase):
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
 
-    def release_noise(self, cfg: ExperimentConfig) -> float:
-        return privacy.release_noise(cfg)
-
     def release_spec(self, cfg: ExperimentConfig, *, noise_multiplier: float | None = None) -> ReleaseSpec:
         return privacy.release_spec(cfg, noise_multiplier=noise_multiplier)
 

@@ -41,12 +41,6 @@ RULE_AMPLIFIED_WOR = (
 HONEST_TAIL = 8.0
 
 
-def release_noise(cfg: ExperimentConfig) -> float:
-    """The noise multiplier of each answer in the clear, σ/√B (what a node's minimum noise is checked
-    against: the server picks B, so σ alone would not bound it; a channel says its own, ``run_terms``)."""
-    return query_noise_multiplier(noise_multiplier=cfg.noise_multiplier, batch_size=cfg.batch_size)
-
-
 def coords(cfg: ExperimentConfig) -> int:
     """Coordinates of one sample's gradient as released (DCT coefficients or pixels)."""
     return cfg.grad_dct**2 if cfg.grad_dct else 28 * 28
