@@ -116,13 +116,17 @@ class ServerBase:
 
     def use_channel(self, spec: ReleaseSpec) -> None:
         """This run's releases go through the run's channel (``common/channels``), as ``spec``
-        describes one: a release is charged as the channel's event (``planned``), the headline's kind
+        describes one: a release is charged as the channel's event (``planned``, whose noise over the
+        method's own is ``noise_scale``), the headline's kind
         and rule are the channel's (the method's own, for the local one), and a summing channel keeps
         its records of the run (``summing``: the sessions, the sums, and the figure beside the
         headline, against a server that deviates)."""
         cfg = self.cfg
         self.spec = spec
         self.planned = self.channel.events(cfg, spec)[0]
+        # the channel's noise over the method's own (1: local), for bounds on what an honest release shows
+        clear = spec.clear_event.noise_multiplier
+        self.noise_scale = self.planned.noise_multiplier / clear if clear > 0 else 1.0
         self.epsilon_kind = self.channel.kind(cfg, self.epsilon_kind)
         self.accounting = self.channel.rule(cfg, spec, self.accounting)
         self.summing = self.channel.server(cfg, spec, self.client_of)

@@ -79,11 +79,11 @@ def calibrate(cfg: ExperimentConfig, family: FeatureFamily, *, pooled_size: int 
 HONEST_TAIL = 8.0
 
 
-def honest_norm_bound(cfg: ExperimentConfig, coords: int, noise_multiplier: float | None = None) -> float:
+def honest_norm_bound(cfg: ExperimentConfig, coords: int, noise_scale: float = 1.0) -> float:
     """The largest norm an honest release shows except with negligible probability: the clipped
-    summary (≤ S) plus noise of std 2σS on each of its ``coords`` coordinates (σ: what the run's
-    channel noised it with, ``noise_multiplier``; the run's own by default)."""
-    sigma = cfg.merf_noise_multiplier if noise_multiplier is None else noise_multiplier
+    summary (≤ S) plus noise of std 2σS on each of its ``coords`` coordinates (times ``noise_scale``:
+    the run's channel's noise over the method's own)."""
+    sigma = cfg.merf_noise_multiplier * noise_scale
     return cfg.merf_clip * (1.01 + 2 * sigma * (math.sqrt(coords) + HONEST_TAIL))
 
 

@@ -115,7 +115,7 @@ class DpMerfServer(ServerBase):
         nm = min(self.planned.noise_multiplier, release.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         summary = torch.from_numpy(release.embedding)
-        bound = honest_norm_bound(self.cfg, summary.numel(), self.planned.noise_multiplier)  # as the channel noised
+        bound = honest_norm_bound(self.cfg, summary.numel(), self.noise_scale)
         if not float(summary.norm()) <= bound:  # charged (it was released), but not used
             why = (
                 f"its norm {float(summary.norm()):.3g} exceeds {bound:.3g}, what a summary clipped to S plus "

@@ -57,8 +57,6 @@ class GsWganServer(ServerBase):
         self._attached: dict[int, torch.Tensor] = {}
         self._selected = 0
         self.use_channel(release_spec(cfg))  # ``planned``: what one answer is charged
-        clear = self.spec.clear_event.noise_multiplier  # the channel's noise over the method's own (1: local)
-        self._noise_scale = self.planned.noise_multiplier / clear if clear > 0 else 1.0
 
     # --- a step ----------------------------------------------------------------------------------
     def select_nodes(self, available: list[int]) -> list[int]:
@@ -132,7 +130,7 @@ class GsWganServer(ServerBase):
         nm = min(self.planned.noise_multiplier, answer.noise_multiplier)
         self.charge(reply.node, PrivacyEvent(noise_multiplier=nm, sample_rate=1.0, void=self.planned.void))
         grad: np.ndarray = answer.grad
-        implausible = implausible_norms(grad, self.cfg, self._noise_scale)
+        implausible = implausible_norms(grad, self.cfg, self.noise_scale)
         if implausible:  # charged (it was released), but not applied
             self.reject(reply, outcome, implausible)
             return None
