@@ -39,9 +39,8 @@ class DpMerf(MethodBase):
         DpMerf.one_shot_names.append(cls.name)
 
     auditable = True
-    channel_needs = frozenset(
-        {SUMS, NOISE}
-    )  # its server side takes a revealed sum; its clear release is noised by the channel
+    # its server side takes a revealed sum; its clear release is noised by the channel
+    channel_needs = frozenset({SUMS, NOISE})
 
     def canary_score(
         self, state: ClientState, cfg: ExperimentConfig, sign: int, magnitude: float, releases: int, policy: NodePolicy

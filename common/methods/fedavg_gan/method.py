@@ -42,7 +42,7 @@ class FedAvgGan(MethodBase):
 
     def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
         if channel_for(cfg).bounds_every_release:  # the per-client ε is finite: calibrate it
-            return privacy.calibrate_per_client(cfg, release.release_spec)
+            return release.calibrate(cfg)
         return privacy.calibrate(cfg, pooled_size=pooled_size)
 
     def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:

@@ -4,11 +4,10 @@ trusted one)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from common.calibration import smallest_noise, subsampled_noise
+from common.calibration import subsampled_noise
 from common.channels import ReleaseSpec, channel_for
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_RAW_DELTA
@@ -46,17 +45,6 @@ def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> Exper
     against the server stays unbounded whatever the noise, which the report says."""
     q = min(1.0, cfg.fedavg_clients_per_round / len(cfg.participants()))
     return cfg.replace(fedavg_noise_multiplier=subsampled_noise(cfg.target_epsilon, q, cfg.steps, cfg.delta))
-
-
-def calibrate_per_client(cfg: ExperimentConfig, spec_of: Callable[..., ReleaseSpec]) -> ExperimentConfig:
-    """z for the per-client ε through a channel that bounds every release (a secure sum: against a
-    server that runs the protocol) of a client taking part in its expected share ceil(T·m/K) of the
-    rounds; the target also becomes the clients' budget."""
-    rounds = max(1, math.ceil(cfg.steps * cfg.fedavg_clients_per_round / len(cfg.participants())))
-    channel = channel_for(cfg)
-    z = smallest_noise(lambda nm: channel.epsilon(cfg, spec_of(cfg, noise_multiplier=nm), rounds), cfg.target_epsilon)
-    budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
-    return cfg.replace(fedavg_noise_multiplier=z, client_epsilon_budget=budget)
 
 
 def statement(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.calibration import smallest_noise
 from common.channels import ReleaseSpec, channel_for
 from common.data import num_classes_for
 from common.learning.models import build_discriminator
@@ -79,6 +80,19 @@ def release_spec(cfg: ExperimentConfig, *, noise_multiplier: float | None = None
         noise_field="fedavg_noise_multiplier",
         clear_event=RAW_DELTA,
     )
+
+
+def calibrate(cfg: ExperimentConfig) -> ExperimentConfig:
+    """z for the per-client ε through a channel that bounds every release (a secure sum: against a
+    server that runs the protocol) of a client taking part in its expected share ceil(T·m/K) of the
+    rounds; the target also becomes the clients' budget."""
+    rounds = max(1, math.ceil(cfg.steps * cfg.fedavg_clients_per_round / len(cfg.participants())))
+    channel = channel_for(cfg)
+    z = smallest_noise(
+        lambda nm: channel.epsilon(cfg, release_spec(cfg, noise_multiplier=nm), rounds), cfg.target_epsilon
+    )
+    budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
+    return cfg.replace(fedavg_noise_multiplier=z, client_epsilon_budget=budget)
 
 
 def deposit_delta(node: ClientNode, state: ClientState, request: FedAvgRound, delta_of) -> FedAvgReply:
