@@ -157,7 +157,7 @@ def _read_state(cfg: ExperimentConfig, client_id: int, path: Path, critic_lr: fl
     blob = _read_blob(path, client_id)
     try:
         disc, optimizer = None, None
-        if critic_lr is not None:
+        if critic_lr is not None and blob["discriminator"]:  # none yet: ``_with_discriminator`` gives one
             disc = _skeleton_copy(cfg).to(resolve_device(cfg.device))
             disc.load_state_dict(blob["discriminator"])
             optimizer = adam_for(cfg, disc, critic_lr)
@@ -221,12 +221,25 @@ def load_state(
     cached = _CACHE.get(key)
     if cached is not None and cached.version == version:
         _CACHE.move_to_end(key)
-        return cached
+        return _with_discriminator(cached, cfg, critic_lr)
     path = state_path(state_dir, client_id)
     with _one_intraop_thread():
         if not path.exists():
             return new_state(cfg, client_id, critic_lr=critic_lr)
-        return _remember(str(state_dir), _read_state(cfg, client_id, path, critic_lr))
+        return _with_discriminator(
+            _remember(str(state_dir), _read_state(cfg, client_id, path, critic_lr)), cfg, critic_lr
+        )
+
+
+def _with_discriminator(state: ClientState, cfg: ExperimentConfig, critic_lr: float | None) -> ClientState:
+    """A client that so far took part only in a method without a private D (a seeded run's DP-MERF
+    release) gets one on first contact with a method that keeps one, as a new client would: from its
+    own seed, not warmed up."""
+    if critic_lr is None or state.discriminator is not None:
+        return state
+    fresh = new_state(cfg, state.client_id, critic_lr=critic_lr)
+    state.discriminator, state.optimizer, state.warmed_up = fresh.discriminator, fresh.optimizer, False
+    return state
 
 
 def load_ledger(cfg: ExperimentConfig, client_id: int, state_dir: str | Path, version: int) -> PrivacyLedger:

@@ -50,6 +50,7 @@ def privacy_document(cfg: ExperimentConfig, report: dict[str, Any]) -> dict[str,
         "do_not_publish": DO_NOT_PUBLISH,
         "epsilon_amplified": report["epsilon_amplified"],
         "method": {cfg.strategy: report["parameters"]},
+        "stages": report.get("stages", []),
         "clients": [
             {
                 k: c.get(k)

@@ -167,7 +167,14 @@ def _resume_target(args: argparse.Namespace):
 
     run, cfg = RunDirectory.open_existing(args.resume)
     run.lock()  # before anything is read or rewritten: another process may be driving it
-    run.resumable_checkpoint()  # fail now, with the path, if there is nothing (whole) to resume
+    from common.methods.seeding import seeded
+    from server.seeded import check_resumable
+
+    # fail now, with the path, if there is nothing (whole) to resume: a seeded run, in either stage
+    if seeded(cfg):
+        check_resumable(run, cfg)
+    else:
+        run.resumable_checkpoint()
     names = {f.name for f in dataclasses.fields(ExperimentConfig)}
     changes = {k: v for k, v in vars(args).items() if k in names}
     frozen = sorted(set(changes) - RESUMABLE_OVERRIDES)

@@ -13,9 +13,12 @@ folder); no method names a channel.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from common.options import check
+from common.privacy import PrivacyEvent, PrivacyLedger
 
 from .local import LocalChannel
 from .secure_sum import SecureSumChannel
@@ -58,6 +61,18 @@ def channel_for(cfg: Any) -> ReleaseChannel:
     return CHANNELS[name]
 
 
+def epsilon_after(
+    channel: ReleaseChannel, cfg: Any, spec: ReleaseSpec, releases: int, prior: Sequence[PrivacyEvent] = ()
+) -> float:
+    """The per-client ε of ``releases`` releases through ``channel`` after the client's ``prior``
+    ones (a seed release): the channel's own figure when there are none, else one ledger composing
+    both (the channel's event, ``releases`` times, beside them), as the client's ledger will."""
+    if not prior:
+        return channel.epsilon(cfg, spec, releases)
+    event = channel.events(cfg, spec)[0]
+    return PrivacyLedger([*prior, dataclasses.replace(event, count=event.count * releases)]).epsilon(delta=cfg.delta)
+
+
 __all__ = [
     "CHANNELS",
     "NOISE",
@@ -67,5 +82,6 @@ __all__ = [
     "channel_for",
     "channel_name",
     "checked_channel",
+    "epsilon_after",
     "register_channel",
 ]

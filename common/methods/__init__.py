@@ -22,6 +22,7 @@ from common.options import check, option
 from common.privacy import RunTerms
 from common.secagg.plan import fewest_survivors
 
+from . import seeding
 from .protocol import Method
 
 FOLDERS = (  # one line per method: its folder under common/methods/
@@ -57,6 +58,7 @@ def _check_method(cfg: Any) -> None:
     )
     _check_channel(cfg, METHODS[cfg.strategy])
     METHODS[cfg.strategy].check_run(cfg)
+    seeding.check_run(cfg, METHODS[cfg.strategy])
     if cfg.dataset == "synthetic" and cfg.partition == "writer":
         check(
             METHODS[cfg.strategy].min_client_images(cfg) <= cfg.synthetic_samples_per_writer,
@@ -86,6 +88,7 @@ def _validate(cfg: Any) -> None:
     """Every method's section's checks, then what depends on the run's method."""
     for m in METHODS.values():
         m.validate(cfg)
+    seeding.validate(cfg)
     _check_method(cfg)
 
 
@@ -97,7 +100,7 @@ STRATEGY = option(
     "(--dpgan-clip-groups, --dpgan-group-bounds) with dpgan",
 )
 ExperimentConfig = compose_config(
-    tuple(m.options for m in METHODS.values()), _validate, strategy=STRATEGY, module=__name__
+    (*(m.options for m in METHODS.values()), seeding.Options), _validate, strategy=STRATEGY, module=__name__
 )
 
 
@@ -139,8 +142,15 @@ def method_of_message(message_type: str) -> Method:
 
 
 def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
-    """``cfg`` with its method's noise set for ``cfg.target_epsilon`` (unchanged when it is 0)."""
-    return method(cfg.strategy).calibrate(cfg, pooled_size=pooled_size) if cfg.target_epsilon > 0 else cfg
+    """``cfg`` with its method's noise set for ``cfg.target_epsilon`` (unchanged when it is 0). A
+    seeded run's seed release first, for its share (``init_epsilon``); then the run's method for the
+    total, composed with what the seed release charged each client (``prior``)."""
+    if cfg.target_epsilon <= 0:
+        return cfg
+    if seeding.seeded(cfg):
+        cfg = seeding.calibrate_seed(cfg, pooled_size=pooled_size)
+    prior = seeding.seed_events(cfg)
+    return method(cfg.strategy).calibrate(cfg, pooled_size=pooled_size, prior=prior)
 
 
 def prepare(cfg: ExperimentConfig) -> ExperimentConfig:

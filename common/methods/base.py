@@ -42,6 +42,7 @@ class MethodBase:
     from it and overrides what it needs."""
 
     accepts_prior_releases = False
+    accepts_seed = False  # starts from a seed release (``seeding``: its server side uses ``prior.start``)
     unbounded_against_server = False
     supports_dpac = False
 
@@ -281,7 +282,38 @@ class ServerBase:
         }
         if final:
             report["statement"] = self.statement(ledgers)
+            report["stages"] = self.stage_shares(ledgers, clients)
         return report
+
+    def stage_shares(self, ledgers: dict[int, PrivacyLedger], clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A seeded run's figures per stage (none for another): the seed's, as its own run reported
+        it; this run's releases alone (each client's ledger after its seed release; a ledger that
+        does not extend the seed's counts whole, which can only overstate); and the total, the
+        headline, which composes both."""
+        seed = self.prior.stages
+        if not seed:
+            return []
+        alone = []
+        for cid, ledger in ledgers.items():
+            before = self.prior.clients.get(cid)
+            rest = PrivacyLedger(ledger.since(before)) if before is not None and ledger.extends(before) else ledger
+            alone.append(rest.epsilon(delta=self.cfg.delta) if rest.queries else 0.0)
+        refinement = {
+            "stage": "refinement",
+            "method": self.cfg.strategy,
+            "epsilon_max": max(alone, default=0.0),
+            "accounting": f"{self.accounting}; its releases alone",
+            "releases": sum(led.queries for led in ledgers.values())
+            - sum(led.queries for led in self.prior.clients.values()),
+        }
+        total = {
+            "stage": "total",
+            "method": f"{seed['method']} then {self.cfg.strategy}",
+            "epsilon_max": max_epsilon(clients),
+            "accounting": "both stages composed in each client's one ledger (RDP, the headline)",
+            "releases": sum(led.queries for led in ledgers.values()),
+        }
+        return [seed, refinement, total]
 
     def _per_client(self, final: bool) -> tuple[dict[int, PrivacyLedger], list[dict[str, Any]]]:
         """The headline's ledgers and each client's entry. A live report reuses them while no record

@@ -14,7 +14,7 @@ needs and no shell probes a method with getattr.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -40,6 +40,10 @@ class PriorReleases:
     clients: dict[int, PrivacyLedger] = field(default_factory=dict)
     server: list[PrivacyEvent] = field(default_factory=list)
     description: str = ""
+    # A seeded run's stage 1 (``common/methods/seeding``): what stage 2 starts from (a ``SeedStart``)
+    # and stage 1's report figures, shown beside stage 2's (``stages`` in privacy.json).
+    start: Any = None
+    stages: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,21 +165,25 @@ class Method(Protocol):
     that void a node's guarantee), ``calibrate`` (its noise for ``--target-epsilon``), ``server``
     (its server side) and ``answer`` (its client side: one request on one node).
 
-    Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot
-    account for releases made before its run), ``unbounded_against_server`` (False: its clients add
-    their own noise), ``supports_dpac`` (False), ``check_run`` (checks only when it is the run's
-    method), ``release_spec`` and ``channel_needs`` (None / empty: its releases take no release channel;
-    else the spec describes one release for the run's channel, ``common/channels``, which then decides
-    what a release costs and how it leaves the node, and ``channel_needs`` says what the method
-    admits: ``"sums"``, a server side that takes a revealed sum, ``"noise"``, a clear release the
-    channel noises; ``release_noise`` then defaults to its release's noise in the clear), ``min_client_images``
-    (batch_size images per client), ``client_critic_lr``
-    (None: its clients keep no private discriminator), ``generator_updates`` (one per step),
-    ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own ledger is
-    what the node released), ``answer_many`` (one request after another), ``auditable`` and
+    ``calibrate`` composes ``prior`` (what each client released before the run: a seed release)
+    with the run's releases.
+
+    Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot account
+    for releases made before its run), ``accepts_seed`` (False: it cannot start from a seed release,
+    ``common/methods/seeding``; True: its server side starts from ``prior.start``),
+    ``unbounded_against_server`` (False: its clients add their own noise), ``supports_dpac`` (False),
+    ``check_run`` (checks only when it is the run's method), ``release_spec`` and ``channel_needs``
+    (None / empty: its releases take no release channel; else the spec describes one release for the
+    run's channel, ``common/channels``, which then decides what a release costs and how it leaves the
+    node, and ``channel_needs`` says what the method admits: ``"sums"``, a server side that takes a
+    revealed sum, ``"noise"``, a clear release the channel noises; ``release_noise`` then defaults to
+    its release's noise in the clear), ``min_client_images`` (batch_size images per client),
+    ``client_critic_lr`` (None: its clients keep no private discriminator), ``generator_updates`` (one
+    per step), ``check_sizes`` (no check against the data), ``node_ledger`` (None: the client's own
+    ledger is what the node released), ``answer_many`` (one request after another), ``auditable`` and
     ``canary_score`` (False / none: ``fedgan audit`` has no white-box canary for it; else one canary
-    client's releases through the method's own code, its input ``sign·magnitude`` clip bounds along
-    one coordinate, and the attacker's score).
+    client's releases through the method's own code, its input ``sign·magnitude`` clip bounds along one
+    coordinate, and the attacker's score).
     """
 
     name: str
@@ -183,6 +191,7 @@ class Method(Protocol):
     messages: Mapping[str, tuple[type, type]]
     step_label: str
     accepts_prior_releases: bool
+    accepts_seed: bool
     unbounded_against_server: bool
     supports_dpac: bool
     channel_needs: frozenset[str]
@@ -195,7 +204,9 @@ class Method(Protocol):
 
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]: ...
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig: ...
+    def calibrate(
+        self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
+    ) -> ExperimentConfig: ...
 
     def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> ServerSide: ...
 

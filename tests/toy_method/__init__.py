@@ -127,7 +127,7 @@ class Toy(MethodBase):
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return []
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None, prior=()) -> ExperimentConfig:
         return cfg
 
     def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> ToyServer:

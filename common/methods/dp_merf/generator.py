@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from common.device import resolve_device
 from common.learning.models import GeneratorEMA, build_generator, sample_latent
 
-from .features import FeatureFamily
+from .features import FeatureFamily, SummaryFeatures
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -47,22 +47,17 @@ class MerfGenerator:
         self.releases = int(count)
 
     def class_weights(self) -> Tensor:
-        """Each class's share of the data, read from the target's count coordinate (uniform when the
-        summaries carry no counts); clamped to [1e-3, 1] against the noise."""
-        if self.target is None or self.cfg.merf_count_share == 0:
+        """Each class's share of the data as the target says (``class_weights``)."""
+        if self.target is None:
             return torch.full((self.num_classes,), 1.0 / self.num_classes, device=self.device)
-        return (self.target[:, -1] / self.fmap.count).clamp(1e-3, 1.0)
+        return class_weights(self.fmap, self.target, self.cfg)
 
     def step(self) -> float:
         """One Adam step on the squared distance between G's weighted class means and the target."""
         if self.target is None:
             raise RuntimeError("the generator has no target yet: no client's summary was accepted")
-        per_class = self.cfg.merf_batch
-        y = torch.arange(self.num_classes).repeat_interleave(per_class).to(self.device)
-        z = sample_latent(len(y), self.cfg.z_dim, generator=self.rng).to(self.device)
         self.model.train()
-        means = self.fmap.class_means(self.model(z, y), y, self.num_classes, total=per_class)
-        loss = (means * self.class_weights()[:, None] - self.target).square().sum()
+        loss = embedding_loss(self.model, self.fmap, self.target, self.cfg, self.rng)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -89,3 +84,25 @@ class MerfGenerator:
             raise ValueError(f"the checkpoint's target has shape {tuple(target.shape)}, this run's is {self.shape}")
         self.target = None if target is None else target.to(self.device)
         self.releases = int(state["releases"])
+
+
+def class_weights(fmap: SummaryFeatures, target: Tensor, cfg: ExperimentConfig) -> Tensor:
+    """Each class's share of the data, read from the target's count coordinate (uniform when the
+    summaries carry no counts); clamped to [1e-3, 1] against the noise."""
+    if cfg.merf_count_share == 0:
+        return torch.full((target.shape[0],), 1.0 / target.shape[0], device=target.device)
+    return (target[:, -1] / fmap.count).clamp(1e-3, 1.0)
+
+
+def embedding_loss(
+    model: nn.Module, fmap: SummaryFeatures, target: Tensor, cfg: ExperimentConfig, rng: torch.Generator
+) -> Tensor:
+    """The squared distance between G's class means of the features (``merf_batch`` samples per
+    class, weighted by the target's class shares) and the released ``target``: DP-MERF's generator
+    loss, and a seeded GAN's anchor to its seed release (``common/methods/seeding``)."""
+    num_classes, per_class = target.shape[0], cfg.merf_batch
+    device = target.device
+    y = torch.arange(num_classes).repeat_interleave(per_class).to(device)
+    z = sample_latent(len(y), cfg.z_dim, generator=rng).to(device)
+    means = fmap.class_means(model(z, y), y, num_classes, total=per_class)
+    return (means * class_weights(fmap, target, cfg)[:, None] - target).square().sum()

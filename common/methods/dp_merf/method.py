@@ -15,9 +15,11 @@ from .messages import MSG_EMBED, MerfRelease, MerfRequest
 from .server import DpMerfServer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from common.client_state import ClientState
     from common.methods import ExperimentConfig
-    from common.privacy import NodePolicy
+    from common.privacy import NodePolicy, PrivacyEvent
 
 
 class DpMerf(MethodBase):
@@ -57,8 +59,10 @@ class DpMerf(MethodBase):
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
-        return privacy.calibrate(cfg, self.family, pooled_size=pooled_size)
+    def calibrate(
+        self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
+    ) -> ExperimentConfig:
+        return privacy.calibrate(cfg, self.family, pooled_size=pooled_size, prior=prior)
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         """A client draws no batches: one image makes a summary."""

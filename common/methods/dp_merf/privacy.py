@@ -6,11 +6,11 @@ sentences take its place."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from common.calibration import smallest_noise
-from common.channels import ReleaseSpec, channel_for
+from common.channels import ReleaseSpec, channel_for, epsilon_after
 from common.data import num_classes_for
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.events import VOID_NOISE_SEED
@@ -64,12 +64,20 @@ def planned_event(cfg: ExperimentConfig, family: FeatureFamily) -> PrivacyEvent:
     return channel_for(cfg).events(cfg, release_spec(cfg, family))[0]
 
 
-def calibrate(cfg: ExperimentConfig, family: FeatureFamily, *, pooled_size: int | None = None) -> ExperimentConfig:
-    """σ for ``target_epsilon``: one release per client reaches the target (through the run's
-    channel); the target also becomes the clients' budget, so a second request is refused."""
+def calibrate(
+    cfg: ExperimentConfig,
+    family: FeatureFamily,
+    *,
+    pooled_size: int | None = None,
+    prior: Sequence[PrivacyEvent] = (),
+) -> ExperimentConfig:
+    """σ for ``target_epsilon``: one release per client, after its ``prior`` ones, reaches the target
+    (through the run's channel); the target also becomes the clients' budget, so a second request
+    is refused."""
     channel = channel_for(cfg)
     sigma = smallest_noise(
-        lambda nm: channel.epsilon(cfg, release_spec(cfg, family, noise_multiplier=nm), 1), cfg.target_epsilon
+        lambda nm: epsilon_after(channel, cfg, release_spec(cfg, family, noise_multiplier=nm), 1, prior),
+        cfg.target_epsilon,
     )
     budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
     return cfg.replace(merf_noise_multiplier=sigma, client_epsilon_budget=budget)

@@ -16,7 +16,10 @@ from .server import DpganServer
 from .storage import load_ledger
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from common.methods import ExperimentConfig
+    from common.privacy import PrivacyEvent
 
 
 class Dpgan(MethodBase):
@@ -35,7 +38,11 @@ class Dpgan(MethodBase):
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+    def calibrate(
+        self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
+    ) -> ExperimentConfig:
+        if prior:  # its unit is the example: a client-level release cannot be composed into it here
+            raise ValueError("dpgan's calibration cannot compose client-level releases made before its run")
         return privacy.calibrate(cfg, pooled_size=pooled_size)
 
     def check_sizes(self, cfg: ExperimentConfig, sizes: list[int]) -> None:

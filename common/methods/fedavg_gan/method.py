@@ -19,8 +19,11 @@ from .privacy import RAW_DELTA
 from .server import FedAvgServer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from common.client_state import ClientState
     from common.methods import ExperimentConfig
+    from common.privacy import PrivacyEvent
 
 
 class FedAvgGan(MethodBase):
@@ -40,9 +43,13 @@ class FedAvgGan(MethodBase):
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
+    def calibrate(
+        self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
+    ) -> ExperimentConfig:
         if channel_for(cfg).bounds_every_release:  # the per-client ε is finite: calibrate it
-            return release.calibrate(cfg)
+            return release.calibrate(cfg, prior=prior)
+        if prior:  # in the clear its per-client figure is unbounded: nothing to compose a prior with
+            raise ValueError("fedavg-gan in the clear cannot compose releases made before its run")
         return privacy.calibrate(cfg, pooled_size=pooled_size)
 
     def generator_updates(self, cfg: ExperimentConfig, steps: int) -> int:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from common.calibration import smallest_noise
-from common.channels import ReleaseSpec, channel_for
+from common.channels import ReleaseSpec, channel_for, epsilon_after
 from common.data import num_classes_for
 from common.learning.models import build_discriminator
 
@@ -34,6 +35,7 @@ from .privacy import RAW_DELTA
 if TYPE_CHECKING:
     from common.client_state import ClientState
     from common.methods import ExperimentConfig
+    from common.privacy import PrivacyEvent
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,14 +84,15 @@ def release_spec(cfg: ExperimentConfig, *, noise_multiplier: float | None = None
     )
 
 
-def calibrate(cfg: ExperimentConfig) -> ExperimentConfig:
+def calibrate(cfg: ExperimentConfig, *, prior: Sequence[PrivacyEvent] = ()) -> ExperimentConfig:
     """z for the per-client ε through a channel that bounds every release (a secure sum: against a
     server that runs the protocol) of a client taking part in its expected share ceil(T·m/K) of the
     rounds; the target also becomes the clients' budget."""
     rounds = max(1, math.ceil(cfg.steps * cfg.fedavg_clients_per_round / len(cfg.participants())))
     channel = channel_for(cfg)
     z = smallest_noise(
-        lambda nm: channel.epsilon(cfg, release_spec(cfg, noise_multiplier=nm), rounds), cfg.target_epsilon
+        lambda nm: epsilon_after(channel, cfg, release_spec(cfg, noise_multiplier=nm), rounds, prior),
+        cfg.target_epsilon,
     )
     budget = min(cfg.client_epsilon_budget or cfg.target_epsilon, cfg.target_epsilon)
     return cfg.replace(fedavg_noise_multiplier=z, client_epsilon_budget=budget)

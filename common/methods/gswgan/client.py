@@ -92,7 +92,7 @@ def begin_answer(
     problem = partition_problem(state, B, num_classes_for(cfg))
     if problem:
         raise ClientDataError(f"client {state.client_id} cannot answer: {problem}")
-    first_contact(state, cfg)
+    first_contact(state, cfg, critic=query.critic)
     # The images as dequantized here are the ones D_k sees and the gradient is taken at.
     device = device_of(state.discriminator)
     fakes, labels = torch.from_numpy(query.fake).to(device), torch.from_numpy(query.labels).to(device)

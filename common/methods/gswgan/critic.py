@@ -155,6 +155,16 @@ def warm_start(
     state.warmed_up = True
 
 
+def start_from_critic(state: ClientState, critic: dict[str, torch.Tensor]) -> None:
+    """D_k's weights from the server's critic (public: derived from the seed release). One that does
+    not fit this client's D is a server's mistake or malice; it fails this answer (the node's error
+    names it) and costs no privacy: nothing was released."""
+    try:
+        state.discriminator.load_state_dict({k: v.to(device_of(state.discriminator)) for k, v in critic.items()})
+    except (RuntimeError, KeyError, TypeError) as err:
+        raise ValueError(f"the seed's critic does not fit this client's discriminator: {str(err)[:200]}") from err
+
+
 def public_warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     """``public_warmup_steps`` critic steps of D_k on the public data (dpGAN's warm start), before
     its warm start on its own data; drawn with the client's own RNG."""
@@ -167,11 +177,13 @@ def public_warm_start(state: ClientState, cfg: ExperimentConfig) -> None:
     )
 
 
-def first_contact(state: ClientState, cfg: ExperimentConfig) -> None:
-    """What a client does once, before its first answer: D's warm starts (public data, then its
-    own) and DPAC's init of C on its data. None of these networks is ever released, so none costs
-    privacy."""
+def first_contact(state: ClientState, cfg: ExperimentConfig, *, critic: dict[str, torch.Tensor] | None = None) -> None:
+    """What a client does once, before its first answer: D's start (a seeded run's server critic,
+    ``critic``, where the query carries one), its warm starts (public data, then its own) and DPAC's
+    init of C on its data. None of these networks is ever released, so none costs privacy."""
     if not state.warmed_up:
+        if critic:
+            start_from_critic(state, critic)
         if cfg.public_warmup_steps:
             public_warm_start(state, cfg)
         if cfg.warmup_steps:

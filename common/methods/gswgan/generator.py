@@ -12,6 +12,7 @@ from common.learning.models import GeneratorEMA, build_discriminator, build_gene
 from common.learning.public_warmup import warm_gan_on_public
 from common.privacy.dct import to_pixels
 
+from ..seeding import SeedAnchor, SeedStart
 from .generator_graph import GeneratorGraph
 
 if TYPE_CHECKING:
@@ -33,11 +34,14 @@ class ServerGenerator:
         self.public_warmed = not cfg.public_warmup_steps
         self._graph: GeneratorGraph | None = None  # generator_graph.py, made on first use
         self._graph_query: torch.Tensor | None = None  # the queried batch the graph holds
+        self.anchor: SeedAnchor | None = None  # a seeded run's fit to its seed release (``start_from``)
 
     def _graph_for(self, batch_size: int, n_critic: int) -> GeneratorGraph | None:
         """The CUDA graphs of G's query and update where they apply: asked for, on CUDA, one client
         per step (each query is applied before the next); rebuilt if B or the critic batches change."""
         if not (self.cfg.cuda_graphs and self.device.type == "cuda" and self.cfg.clients_per_step == 1):
+            return None
+        if self.anchor is not None:  # the anchor's own forward is not in the captured graph
             return None
         graph = self._graph
         if graph is None or (graph.batch_size, graph.critic) != (batch_size, n_critic):
@@ -61,6 +65,15 @@ class ServerGenerator:
         )
         self.public_warmed = True
         self._graph = None  # a new EMA: captured again on the next query
+
+    def start_from(self, start: SeedStart) -> None:
+        """A seeded run's G starts as the generator the server fitted to the seed release (its EMA,
+        what stage 1 released), the EMA restarted from it; with ``init_weight`` > 0 each step also
+        fits the seed release (``SeedAnchor``). Post-processing of stage 1: no privacy cost."""
+        self.model.load_state_dict(start.generator)
+        self.ema = GeneratorEMA(self.model, decay=self.cfg.ema_decay)
+        self.anchor = SeedAnchor(self.cfg, start, self.device) if self.cfg.init_weight > 0 else None
+        self._graph = None
 
     def draw_labels(self, n: int) -> torch.Tensor:
         """Uniform labels drawn by the server, never from a client's label histogram (it would leak)."""
@@ -110,6 +123,8 @@ class ServerGenerator:
         for fake, grad in zip(attached, grads, strict=True):
             grad = to_pixels(grad, self.cfg.grad_dct) if self.cfg.grad_dct else grad
             fake.backward(grad.to(fake.device) / divisor)
+        if self.anchor is not None:
+            self.anchor.backward(self.model)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()):  # one host sync
             # Never let a non-finite gradient into Adam's moments (they would stay non-finite).
@@ -126,6 +141,7 @@ class ServerGenerator:
             "optimizer": portable_adam_state(self.optimizer),
             "rng": self.rng.get_state(),
             "public_warmed": self.public_warmed,
+            **({"anchor": self.anchor.state_dict()} if self.anchor is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -135,6 +151,8 @@ class ServerGenerator:
         self._graph = None  # Adam's state tensors are new: captured again on the next query
         self.rng.set_state(state["rng"])
         self.public_warmed = bool(state.get("public_warmed", True))
+        if self.anchor is not None and "anchor" in state:
+            self.anchor.load_state_dict(state["anchor"])
 
 
 def portable_adam_state(optimizer: torch.optim.Optimizer) -> dict:

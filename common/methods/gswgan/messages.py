@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from common.io.codec import PayloadError, decode_grads, decode_labels, decode_samples
 
@@ -34,6 +35,10 @@ class GsQuery:
     labels: np.ndarray
     fake_encoding: str = ""
     session: str = ""  # secure aggregation: deposit the answer for this secure sum instead of sending it
+    # A seeded run: the server's critic (name -> array), sent once with a client's first query; its
+    # D starts from it (``common/methods/seeding``). Public, and D is never released: a wrong one
+    # costs only the client's D its head start.
+    critic: dict[str, torch.Tensor] | None = None
 
     def decoded(self, *, n_critic: int, num_classes: int, critic_fakes: str = "fresh") -> GsQuery:
         """The query with its samples as float32 images and its labels as int64, validated against

@@ -15,9 +15,11 @@ from .messages import MESSAGES, GsAnswer, GsQuery
 from .server import GsWganServer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from common.client_state import ClientState
     from common.methods import ExperimentConfig
-    from common.privacy import NodePolicy
+    from common.privacy import NodePolicy, PrivacyEvent
 
 
 class GsWgan(MethodBase):
@@ -26,6 +28,7 @@ class GsWgan(MethodBase):
     messages = MESSAGES
     step_label = "generator steps"
     accepts_prior_releases = True  # it reports releases made before the run (the debugging task)
+    accepts_seed = True  # its G starts from a seed release's (``common/methods/seeding``)
     supports_dpac = True  # federated DPAC: C_k beside D_k on each client, one sanitized combined gradient
 
     auditable = True
@@ -46,8 +49,10 @@ class GsWgan(MethodBase):
     def nonprivate_options(self, cfg: ExperimentConfig) -> list[str]:
         return privacy.nonprivate_options(cfg)
 
-    def calibrate(self, cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
-        return privacy.calibrate(cfg, pooled_size=pooled_size)
+    def calibrate(
+        self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
+    ) -> ExperimentConfig:
+        return privacy.calibrate(cfg, pooled_size=pooled_size, prior=prior)
 
     def client_critic_lr(self, cfg: ExperimentConfig) -> float | None:
         """Every client keeps its private D_k (and its Adam) across the run."""

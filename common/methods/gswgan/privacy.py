@@ -10,13 +10,13 @@ multiplier σ/√B (``planned_event``), composed over the client's own answers w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.calibration import smallest_noise
-from common.channels import ReleaseSpec, channel_for
+from common.channels import ReleaseSpec, channel_for, epsilon_after
 from common.privacy import PrivacyEvent, PrivacyLedger, query_noise_multiplier
 from common.privacy.events import VOID_CLIENT_STATS, VOID_NOISE_SEED
 from common.privacy.statement import ACCOUNTANT_NAMES, assemble, per_client_sentence, server_sentence
@@ -91,14 +91,19 @@ def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
     return channel_for(cfg).events(cfg, release_spec(cfg, batch_size))[0]
 
 
-def calibrate(cfg: ExperimentConfig, *, pooled_size: int | None = None) -> ExperimentConfig:
+def calibrate(
+    cfg: ExperimentConfig, *, pooled_size: int | None = None, prior: Sequence[PrivacyEvent] = ()
+) -> ExperimentConfig:
     """σ for ``target_epsilon``: the per-client ε of a client answering its expected share
-    ceil(T·m/K) of queries reaches the target; the target also becomes the clients' budget, so one
-    sampled more often than expected refuses instead of exceeding it."""
+    ceil(T·m/K) of queries, after its ``prior`` releases (a seed release), reaches the target; the
+    target also becomes the clients' budget, so one sampled more often than expected refuses
+    instead of exceeding it."""
     target = cfg.target_epsilon
     queries = max(math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants())), 1)
     channel = channel_for(cfg)
-    per_query = smallest_noise(lambda nm: channel.epsilon(cfg, release_spec(cfg, noise_multiplier=nm), queries), target)
+    per_query = smallest_noise(
+        lambda nm: epsilon_after(channel, cfg, release_spec(cfg, noise_multiplier=nm), queries, prior), target
+    )
     budget = min(cfg.client_epsilon_budget or target, target)
     return cfg.replace(noise_multiplier=per_query * math.sqrt(cfg.batch_size), client_epsilon_budget=budget)
 

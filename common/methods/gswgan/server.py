@@ -51,6 +51,11 @@ class GsWganServer(ServerBase):
     def __init__(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None = None) -> None:
         super().__init__(cfg, prior)
         self.generator = ServerGenerator(cfg, num_classes)
+        start = self.prior.start
+        if start is not None:  # a seeded run (``common/methods/seeding``): G and the clients' D start from it
+            self.generator.start_from(start)
+        self.critic_init = start.critic if start is not None else None
+        self.critic_sent: set[int] = set()  # clients sent the seed's critic (each once)
         self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
         self.server_ledger = PrivacyLedger(self.prior.server)
         self.steps_done = 0
@@ -87,13 +92,22 @@ class GsWganServer(ServerBase):
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached = {-1: attached}
             query = dataclasses.replace(self._query(step, fakes, labels), session=self.summing.open(step, nodes, "gs"))
-            return [(node, query) for node in nodes]
+            return [(node, self._with_critic(node, query)) for node in nodes]
         out = []
         for node in nodes:
             fakes, labels, attached = self.generator.query_batches(self.cfg.batch_size, self._critic_batches())
             self._attached[node] = attached
-            out.append((node, self._query(step, fakes, labels)))
+            out.append((node, self._with_critic(node, self._query(step, fakes, labels))))
         return out
+
+    def _with_critic(self, node: int, query: GsQuery) -> GsQuery:
+        """A seeded run sends each client the server's critic (public: derived from the seed release)
+        once, with its first query: its D starts from it instead of from scratch."""
+        client = self.client_of(node)
+        if self.critic_init is None or client in self.critic_sent:
+            return query
+        self.critic_sent.add(client)
+        return dataclasses.replace(query, critic=self.critic_init)
 
     def _critic_batches(self) -> int:
         """Critic batches sent along with the queried one: none when clients reuse fakes."""
@@ -213,12 +227,14 @@ class GsWganServer(ServerBase):
             "server_ledger": self.server_ledger.state_dict(),
             "sampler": self.sampler.state_dict(),
             "steps_done": self.steps_done,
+            "critic_sent": sorted(self.critic_sent),
             **({"secure_sums": self.summing.state_dict()} if self.summing else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["generator"])
         self.steps_done = int(state["steps_done"])
+        self.critic_sent = {int(c) for c in state.get("critic_sent", [])}
         # "ledgers": checkpoints made before the records and the server's ledger existed
         self.records.load_state_dict(state.get("records", {"charged": state.get("ledgers", {})}))
         if "server_ledger" in state:

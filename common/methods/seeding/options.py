@@ -1,0 +1,74 @@
+"""The seed stage's section of the configuration (``ExperimentConfig`` composes it) and its checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.options import check, check_choice, option
+
+if TYPE_CHECKING:
+    from common.methods import ExperimentConfig
+
+NONE = "none"
+SEED_METHODS = ("dp-merf", "dp-ntk")  # one-shot releases a generator can be fitted to
+
+
+@dataclass(frozen=True)
+class Options:
+    """The seed stage: a one-shot release before the run's GAN, which starts from its generator."""
+
+    init_release: str = option(
+        NONE,
+        f"seed stage: {NONE}, or the one-shot release ({', '.join(SEED_METHODS)}) every client makes first, "
+        "through the run's channel (secure sums with --secure-aggregation); the server fits the GAN's generator "
+        "to it and trains a critic on that generator's samples, and the GAN starts from both. Each client's "
+        "ledger composes both stages; --target-epsilon is the total and --init-epsilon the seed's share",
+    )
+    init_epsilon: float = option(
+        0.0,
+        "seed stage: the per-client epsilon of the seed release (its share of --target-epsilon, which is "
+        "the total of both stages); the GAN's noise is calibrated for what is left after composing both",
+    )
+    init_steps: int = option(
+        400, "seed stage: the server's generator steps fitting the GAN's generator to the seed release"
+    )
+    init_weight: float = option(
+        1.0,
+        "seed stage: weight of the seed release's fit (its embedding distance, post-processing) in every "
+        "generator step of the GAN beside the clients' gradients, so the GAN keeps what the seed released",
+    )
+    init_critic_steps: int = option(
+        200,
+        "seed stage: WGAN-GP steps of the critic the server trains on the seed generator's samples (public: "
+        "post-processing of the release); each client's discriminator starts from it (0: from scratch)",
+    )
+    init_noise_multiplier: float = option(
+        0.0,
+        "seed stage: the seed release's noise multiplier (set by the calibration from --init-epsilon; "
+        "written to config.json so that the run, its resume and its report agree)",
+    )
+
+
+def validate(c: ExperimentConfig) -> None:
+    """The section's own checks; what depends on the run's method is ``stage.check_run``'s."""
+    check_choice(c, "init_release", (NONE, *SEED_METHODS))
+    check(c.init_epsilon >= 0, "init_epsilon", c.init_epsilon, "must be >= 0")
+    check(c.init_steps >= 1, "init_steps", c.init_steps, "must be >= 1")
+    check(c.init_weight >= 0, "init_weight", c.init_weight, "must be >= 0")
+    check(c.init_critic_steps >= 0, "init_critic_steps", c.init_critic_steps, "must be >= 0")
+    check(c.init_noise_multiplier >= 0, "init_noise_multiplier", c.init_noise_multiplier, "must be >= 0")
+    if c.init_release == NONE:
+        return
+    check(
+        c.target_epsilon > 0,
+        "target_epsilon",
+        c.target_epsilon,
+        "a seeded run needs the total per-client epsilon of both stages (--target-epsilon)",
+    )
+    check(
+        0 < c.init_epsilon < c.target_epsilon,
+        "init_epsilon",
+        c.init_epsilon,
+        f"the seed's share must be in (0, target_epsilon = {c.target_epsilon:g})",
+    )
