@@ -17,8 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from common.methods import ExperimentConfig
 
-from .loop import run_experiment
 from .reporting import FAILURE_FILE, RunDirectory, RunDirectoryError
+from .seeded import run_configured
 from .summary import print_summary
 from .transport import FlowerTransport, RuntimeClock
 
@@ -85,13 +85,13 @@ def main(grid: Grid, context: Context) -> None:
     control = FlowerTransport(grid, timeout_s=cfg.reply_timeout_s)
     try:
         if cfg.dataplane == "flower":
-            summary = run_experiment(cfg, run, control, transport_name="flower-run")
+            summary = run_configured(cfg, run, control, transport_name="flower-run")
         else:
             from .dataplane import GrpcTransport, settings_from
 
             transport = GrpcTransport(control, context.run_id, settings_from(cfg))
             try:
-                summary = run_experiment(cfg, run, transport, transport_name="flower-run+grpc-dataplane")
+                summary = run_configured(cfg, run, transport, transport_name="flower-run+grpc-dataplane")
             finally:
                 transport.close()
     except Exception as err:

@@ -21,7 +21,7 @@ from common.data import num_classes_for
 from common.io.tensor_files import load_tensors, save_tensors
 from common.methods import ExperimentConfig
 from common.methods.protocol import PriorReleases
-from common.methods.seeding import SeedStart, seed_config, server_critic, start_from_checkpoint
+from common.methods.seeding import SeedStart, seed_config, seeded, server_critic, start_from_checkpoint
 from common.privacy import PrivacyLedger
 
 from .loop import run_experiment
@@ -50,6 +50,22 @@ def check_resumable(run: RunDirectory, cfg: ExperimentConfig) -> None:
         RunDirectory(run.path / SEED_DIR).resumable_checkpoint()
     else:
         run.resumable_checkpoint()  # its error: nothing to resume
+
+
+def run_configured(
+    cfg: ExperimentConfig,
+    run: RunDirectory,
+    transport: Transport,
+    *,
+    resume: bool = False,
+    transport_name: str,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """The run ``cfg`` describes, on any transport (a simulation, a deployment): both stages of a
+    seeded one (each resuming from its own checkpoint), else ``run_experiment``."""
+    if seeded(cfg):
+        return run_seeded(cfg, run, transport, transport_name=transport_name, stop=stop)
+    return run_experiment(cfg, run, transport, resume=resume, transport_name=transport_name, stop=stop)
 
 
 def run_seeded(
@@ -152,4 +168,4 @@ def _fmt(eps: float | None) -> str:
     return "unbounded" if eps is None else f"{eps:.3g}"
 
 
-__all__ = ["SEED_DIR", "check_resumable", "run_seeded", "seed_prior", "seed_run", "seed_start"]
+__all__ = ["SEED_DIR", "check_resumable", "run_configured", "run_seeded", "seed_prior", "seed_run", "seed_start"]

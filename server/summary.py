@@ -97,6 +97,7 @@ def summary_document(cfg: ExperimentConfig, report: dict[str, Any], facts: RunFa
         "run_dir": facts.run_dir,
         "notes": facts.notes,
         "privacy_statement": report["statement"],
+        "stages": report.get("stages", []),
     }
 
 
@@ -179,6 +180,8 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("step latency", _latency_text(summary.get("step_latency_s") or {})),
         ("run directory", summary["run_dir"]),
     ]
+    if summary.get("stages"):  # a seeded run: each stage's share beside the total
+        rows.insert(5, ("ε by stage", stage_text(summary["stages"])))
     failed = [c for c in summary["clients"] if c.get("status") == "failed"]
     if failed:
         rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
@@ -186,3 +189,19 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         rows.insert(0, ("NOT PRIVATE", "; ".join(summary["not_private"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def stage_text(stages: list[dict[str, Any]]) -> str:
+    """A seeded run's shares, worst client of each: "seed (dp-merf) 1 · refinement (gswgan) 9.6 ·
+    total 10" (the total composes both in each client's ledger: less than the sum)."""
+
+    def fmt(eps: float | None) -> str:
+        return "unbounded" if eps is None else f"{eps:.4g}"
+
+    parts = [
+        f"{s['stage']} ({s['method']}) {fmt(s['epsilon_max'])}"
+        if s["stage"] != "total"
+        else f"total {fmt(s['epsilon_max'])}"
+        for s in stages
+    ]
+    return " · ".join(parts) + "  [worst client of each; the total composes both in each client's ledger]"

@@ -282,6 +282,8 @@ class ServerBase:
         }
         if final:
             report["statement"] = self.statement(ledgers)
+            if self.prior.stages and self.prior.description not in report["statement"]:  # both mechanisms named
+                report["statement"] += " " + self.prior.description
             report["stages"] = self.stage_shares(ledgers, clients)
         return report
 

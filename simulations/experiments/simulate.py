@@ -109,14 +109,9 @@ def _run_flower(cfg: ExperimentConfig, run: RunDirectory, resume: bool, stop: th
 
 
 def _experiment_fn(cfg, run, resume, stop, name):
-    from common.methods.seeding import seeded
-    from server.loop import run_experiment
+    from server.seeded import run_configured  # a seeded run: both stages on the one transport
 
-    if seeded(cfg):  # both stages on the one transport: each resumes from its own checkpoint
-        from server.seeded import run_seeded
-
-        return lambda transport: run_seeded(cfg, run, transport, transport_name=name, stop=stop)
-    return lambda transport: run_experiment(cfg, run, transport, resume=resume, transport_name=name, stop=stop)
+    return lambda transport: run_configured(cfg, run, transport, resume=resume, transport_name=name, stop=stop)
 
 
 def run_on_transport(

@@ -33,6 +33,7 @@ class FedAvgGan(MethodBase):
     step_label = "rounds"
     unbounded_against_server = True  # clients send raw deltas: a node with a finite max-epsilon refuses
     channel_needs = frozenset({SUMS})  # a round's deltas can be summed, each client adding a noise share
+    accepts_seed = True  # G and the first global D start from a seed release's (through secure sums)
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
@@ -57,7 +58,7 @@ class FedAvgGan(MethodBase):
         return steps * cfg.server_g_steps
 
     def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> FedAvgServer:
-        return FedAvgServer(cfg, num_classes)
+        return FedAvgServer(cfg, num_classes, prior)
 
     def answer(self, node: ClientNode, request: FedAvgRound) -> FedAvgReply:
         """A few local WGAN-GP steps on the received D; the reply is the raw delta, which the

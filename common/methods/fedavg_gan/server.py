@@ -26,7 +26,8 @@ from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
 
 from ..base import ServerBase
-from ..protocol import Reply, StepOutcome, SumResult
+from ..protocol import PriorReleases, Reply, StepOutcome, SumResult
+from ..seeding import SeedAnchor
 from . import release
 from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
@@ -41,8 +42,8 @@ class FedAvgServer(ServerBase):
     epsilon_kind = KIND_PER_CLIENT
     accounting = RULE_FEDAVG_UNTRUSTED
 
-    def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None = None) -> None:
+        super().__init__(cfg, prior)
         torch.manual_seed(cfg.seed)
         self.num_classes = num_classes
         device = resolve_device(cfg.device)
@@ -54,10 +55,25 @@ class FedAvgServer(ServerBase):
         self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
         self.population = len(cfg.participants())
         self.sample_rate = min(1.0, cfg.fedavg_clients_per_round / self.population)
-        self.server_ledger = PrivacyLedger()
+        self.server_ledger = PrivacyLedger(self.prior.server)
         self.rounds_done = 0
         self.use_channel(release.release_spec(cfg))
         self.public_warmed = not cfg.public_warmup_steps
+        self.anchor: SeedAnchor | None = None
+        if self.prior.start is not None:
+            self._start_from(self.prior.start, device)
+
+    def _start_from(self, start: Any, device: torch.device) -> None:
+        """A seeded run (``common/methods/seeding``): G starts as the generator fitted to the seed
+        release (the EMA restarted from it), the first global D as the server's critic trained on its
+        samples, and with ``init_weight`` > 0 every generator step also fits the seed release.
+        Post-processing of stage 1: no privacy cost."""
+        self.generator.load_state_dict(start.generator)
+        self.ema = GeneratorEMA(self.generator, decay=self.cfg.ema_decay)
+        if start.critic is not None:
+            self.discriminator.load_state_dict(start.critic)
+        if self.cfg.init_weight > 0:
+            self.anchor = SeedAnchor(self.cfg, start, device)
 
     def _public_warm_start(self) -> None:
         """dpGAN's warm start on the public data: the server's G and the first global D (the clients'
@@ -187,6 +203,7 @@ class FedAvgServer(ServerBase):
             z_dim=self.cfg.z_dim,
             num_classes=self.num_classes,
             generator=self.rng,
+            anchor=self.anchor,
         )
 
     def released_generator(self) -> nn.Module:
@@ -249,6 +266,7 @@ class FedAvgServer(ServerBase):
             "sampler": self.sampler.state_dict(),
             "public_warmed": self.public_warmed,
             "g_optimizer": self.g_optimizer.state_dict(),
+            **({"anchor": self.anchor.state_dict()} if self.anchor is not None else {}),
             **({"secure_sums": self.summing.state_dict()} if self.summing else {}),
         }
 
@@ -261,6 +279,8 @@ class FedAvgServer(ServerBase):
         self.records.load_state_dict(state.get("records", {}))
         self.sampler.load_state_dict(state.get("sampler", {}))
         self.public_warmed = bool(state.get("public_warmed", True))
+        if self.anchor is not None and "anchor" in state:
+            self.anchor.load_state_dict(state["anchor"])
         if self.summing and "secure_sums" in state:
             self.summing.load_state_dict(state["secure_sums"])
         if "g_optimizer" in state:  # a checkpoint from before it held the generator's optimizer: fresh
@@ -292,13 +312,15 @@ def server_generator_steps(
     z_dim: int,
     num_classes: int,
     generator: torch.Generator,
+    anchor: SeedAnchor | None = None,
 ) -> dict[str, float]:
     """``steps`` steps on G minimizing ``-mean D(G(z, y), y)`` with uniform labels: of
     ``optimizer`` (the server's, its state kept across rounds), else of a fresh SGD at ``lr``.
 
     Post-processing of the privatized D, so it costs no privacy. D is held in eval mode with its
     parameters frozen for the duration (its power-iteration buffers are not advanced, so D is
-    exactly unchanged), then its mode and ``requires_grad`` flags are restored.
+    exactly unchanged), then its mode and ``requires_grad`` flags are restored. A seeded run's
+    ``anchor`` adds its fit to the seed release to every step.
     """
     was_training = D.training
     flags = [p.requires_grad for p in D.parameters()]
@@ -314,6 +336,8 @@ def server_generator_steps(
             optimizer.zero_grad(set_to_none=True)
             loss = -D(G(z, y), y).mean()
             loss.backward()
+            if anchor is not None:
+                anchor.backward(G)
             optimizer.step()
             losses.append(float(loss.detach()))
     finally:

@@ -85,4 +85,11 @@ def check_run(cfg: ExperimentConfig, run_method: Method) -> None:
         cfg.init_release,
         f"strategy {cfg.strategy} does not start from a seed release (these do: {takers}); use none",
     )
+    check(
+        not run_method.unbounded_against_server or channel_for(cfg).bounds_every_release,
+        "init_release",
+        cfg.init_release,
+        f"strategy {cfg.strategy}'s per-client epsilon is unbounded in the clear, so nothing composes with a "
+        "seed's: add --secure-aggregation",
+    )
     seed_config(cfg)
