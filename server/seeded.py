@@ -26,7 +26,7 @@ from common.privacy import PrivacyLedger
 
 from .loop import run_experiment
 from .reporting import CHECKPOINT, RunDirectory, RunDirectoryError
-from .session import Transport
+from .session import Transport, hello
 
 SEED_DIR = "seed"
 START_FILE = "seed_start.pt"
@@ -80,6 +80,11 @@ def run_seeded(
     returns stage 2's summary, or stage 1's with its status marked when it did not complete."""
     first_run, first = seed_run(run, cfg)
     done = _completed_summary(first_run)
+    if done is None and not (first_run.path / CHECKPOINT).is_file():
+        # Before any release, every node checks the whole run against its policy (the total budget,
+        # stage 2's noise): one that admits the seed's share but not the rest refuses now, instead of
+        # releasing its seed for a run that then stops (``NodeRefused``).
+        hello(cfg, transport, transport.node_ids(cfg.num_clients))
     if done is None:
         done = run_experiment(
             first,
