@@ -80,12 +80,12 @@ def run_seeded(
     returns stage 2's summary, or stage 1's with its status marked when it did not complete."""
     first_run, first = seed_run(run, cfg)
     done = _completed_summary(first_run)
-    if done is None and not (first_run.path / CHECKPOINT).is_file():
-        # Before any release, every node checks the whole run against its policy (the total budget,
-        # stage 2's noise): one that admits the seed's share but not the rest refuses now, instead of
-        # releasing its seed for a run that then stops (``NodeRefused``).
-        hello(cfg, transport, transport.node_ids(cfg.num_clients))
     if done is None:
+        # Before stage 1 (again on a resume: a node may have tightened its policy since), every node
+        # checks the whole run against its policy (the total budget, stage 2's noise): one that admits
+        # the seed's share but not the rest refuses now, instead of releasing its seed for a run that
+        # then stops (``NodeRefused``).
+        hello(cfg, transport, transport.node_ids(cfg.num_clients))
         done = run_experiment(
             first,
             first_run,
