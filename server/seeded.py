@@ -135,7 +135,10 @@ def seed_prior(
         "the fitted generator's samples: post-processing, no further cost. Every per-client ε above composes both "
         "stages in the client's one ledger."
     )
+    amplified = report.get("epsilon_amplified", {})
+    beside = PrivacyLedger.from_state_dict(amplified["ledger"]) if amplified.get("ledger") else None
     return PriorReleases(
+        beside=beside,
         clients=clients,
         server=[event] if event is not None else [],
         description=description,

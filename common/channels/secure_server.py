@@ -223,10 +223,13 @@ class SecureSums:
         )
         return True
 
-    def beside(self, clients: Iterable[int], *, final: bool) -> dict[str, Any]:
-        """The worst client's ε against a server that deviates, from the records of its own shares."""
+    def beside(self, clients: Iterable[int], *, final: bool, prior: PrivacyLedger | None = None) -> dict[str, Any]:
+        """The worst client's ε against a server that deviates, from the records of its own shares,
+        each after ``prior`` (a seeded run's stage 1: the same one release for every client)."""
         cfg = self.cfg
         ledgers = self.own.ledgers(list(clients))
+        if prior is not None:
+            ledgers = {c: prior.combined(led) for c, led in ledgers.items()}
         worst = max(ledgers.values(), key=lambda led: led.epsilon(delta=cfg.delta) if led.queries else 0.0)
         return server_entry(
             worst, delta=cfg.delta, accountant=cfg.accountant, kind=KIND_DEVIATING, rule=RULE_DEVIATING, final=final

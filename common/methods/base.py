@@ -273,7 +273,7 @@ class ServerBase:
             "epsilon_max": max_epsilon(clients),
             "epsilon_kind": self.epsilon_kind,
             "accounting": self.accounting,
-            "epsilon_amplified": self.summing.beside(ledgers, final=final)
+            "epsilon_amplified": self.summing.beside(ledgers, final=final, prior=self.prior.beside)
             if self.summing
             else self.beside(final=final),
             "not_private": not_private_reasons(self._voiding(ledgers)),

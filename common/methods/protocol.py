@@ -43,6 +43,7 @@ class PriorReleases:
     # A seeded run's stage 1 (``common/methods/seeding``): what stage 2 starts from (a ``SeedStart``)
     # and stage 1's report figures, shown beside stage 2's (``stages`` in privacy.json).
     start: Any = None
+    beside: PrivacyLedger | None = None  # stage 1's ledger behind the figure beside its headline (deviating server)
     stages: dict[str, Any] = field(default_factory=dict)
 
 

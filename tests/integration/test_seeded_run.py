@@ -111,6 +111,12 @@ def test_each_clients_epsilon_composes_both_stages(tmp_path, channel):
     assert seed["releases"] == cfg["num_clients"]
     assert refinement["releases"] == sum(r.get("gswgan", 0) for r in released)
     assert total["releases"] == seed["releases"] + refinement["releases"]
+    if channel == "secure":  # the figure against a deviating server composes the seed's own shares too
+        beside = privacy["epsilon_amplified"]
+        seed_beside = json.loads((out / "seed" / "privacy.json").read_text())["epsilon_amplified"]
+        composed = PrivacyLedger.from_state_dict(beside["ledger"])
+        assert composed.extends(PrivacyLedger.from_state_dict(seed_beside["ledger"]))  # the seed's shares first
+        assert beside["epsilon"] > seed_beside["epsilon"]
 
 
 def nothing_released(out: Path, state: Path, num_clients: int) -> None:
