@@ -38,7 +38,7 @@ class Options:
         "seed stage: weight of the seed release's fit (its embedding distance, post-processing) in every "
         "generator step of the GAN beside the clients' gradients, so the GAN keeps what the seed released "
         "(measured on make run's data: at 1 the noisy gradients, ~1,000 times the fit's, erased the seed, "
-        "78% to 70% gen2real; at 1,000 the fit holds)",
+        "78 to 70 percent gen2real; at 1,000 the fit holds)",
     )
     init_critic_steps: int = option(
         200,
