@@ -27,7 +27,7 @@ from common.privacy.statement import KIND_PER_CLIENT, KIND_USER, server_entry
 
 from ..base import ServerBase
 from ..protocol import PriorReleases, Reply, StepOutcome, SumResult
-from ..seeding import SeedAnchor
+from ..seeding import SeedAnchor, start_generator
 from . import release
 from .dp_fedavg import aggregate_deltas, apply_delta, flatten_delta, refresh_power_iteration, weights_only
 from .messages import FedAvgRound
@@ -68,12 +68,9 @@ class FedAvgServer(ServerBase):
         release (the EMA restarted from it), the first global D as the server's critic trained on its
         samples, and with ``init_weight`` > 0 every generator step also fits the seed release.
         Post-processing of stage 1: no privacy cost."""
-        self.generator.load_state_dict(start.generator)
-        self.ema = GeneratorEMA(self.generator, decay=self.cfg.ema_decay)
+        self.ema, self.anchor = start_generator(self.cfg, start, self.generator, device)
         if start.critic is not None:
             self.discriminator.load_state_dict(start.critic)
-        if self.cfg.init_weight > 0:
-            self.anchor = SeedAnchor(self.cfg, start, device)
 
     def _public_warm_start(self) -> None:
         """dpGAN's warm start on the public data: the server's G and the first global D (the clients'

@@ -12,7 +12,7 @@ from common.learning.models import GeneratorEMA, build_discriminator, build_gene
 from common.learning.public_warmup import warm_gan_on_public
 from common.privacy.dct import to_pixels
 
-from ..seeding import SeedAnchor, SeedStart
+from ..seeding import SeedAnchor, SeedStart, start_generator
 from .generator_graph import GeneratorGraph
 
 if TYPE_CHECKING:
@@ -70,9 +70,7 @@ class ServerGenerator:
         """A seeded run's G starts as the generator the server fitted to the seed release (its EMA,
         what stage 1 released), the EMA restarted from it; with ``init_weight`` > 0 each step also
         fits the seed release (``SeedAnchor``). Post-processing of stage 1: no privacy cost."""
-        self.model.load_state_dict(start.generator)
-        self.ema = GeneratorEMA(self.model, decay=self.cfg.ema_decay)
-        self.anchor = SeedAnchor(self.cfg, start, self.device) if self.cfg.init_weight > 0 else None
+        self.ema, self.anchor = start_generator(self.cfg, start, self.model, self.device)
         self._graph = None
 
     def draw_labels(self, n: int) -> torch.Tensor:

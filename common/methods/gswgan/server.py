@@ -54,7 +54,6 @@ class GsWganServer(ServerBase):
         start = self.prior.start
         if start is not None:  # a seeded run (``common/methods/seeding``): G and the clients' D start from it
             self.generator.start_from(start)
-        self.critic_init = start.critic if start is not None else None
         self.critic_sent: set[int] = set()  # clients sent the seed's critic (each once)
         self.sampler = Sampler(None if cfg.sampling_seed < 0 else cfg.sampling_seed)
         self.server_ledger = PrivacyLedger(self.prior.server)
@@ -104,10 +103,11 @@ class GsWganServer(ServerBase):
         """A seeded run sends each client the server's critic (public: derived from the seed release)
         once, with its first query: its D starts from it instead of from scratch."""
         client = self.client_of(node)
-        if self.critic_init is None or client in self.critic_sent:
+        critic = self.prior.start.critic if self.prior.start is not None else None
+        if critic is None or client in self.critic_sent:
             return query
         self.critic_sent.add(client)
-        return dataclasses.replace(query, critic=self.critic_init)
+        return dataclasses.replace(query, critic=critic)
 
     def _critic_batches(self) -> int:
         """Critic batches sent along with the queried one: none when clients reuse fakes."""

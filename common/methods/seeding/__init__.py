@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .options import NONE, SEED_METHODS, Options, validate
 from .stage import calibrate_seed, check_run, seed_config, seed_events, seeded
-from .start import SeedAnchor, SeedStart, server_critic, start_from_checkpoint
+from .start import SeedAnchor, SeedStart, server_critic, start_from_checkpoint, start_generator
 
 __all__ = [
     "NONE",
@@ -26,5 +26,6 @@ __all__ = [
     "seeded",
     "server_critic",
     "start_from_checkpoint",
+    "start_generator",
     "validate",
 ]

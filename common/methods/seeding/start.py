@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from common.learning.losses import critic_step
-from common.learning.models import build_discriminator, build_generator, sample_latent
+from common.learning.models import GeneratorEMA, build_discriminator, build_generator, sample_latent
 
 from .stage import seed_config
 
@@ -42,6 +42,16 @@ class SeedStart:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SeedStart:
         return cls(state["generator"], state["target"], int(state["releases"]), state.get("critic"))
+
+
+def start_generator(
+    cfg: ExperimentConfig, start: SeedStart, model: nn.Module, device: torch.device
+) -> tuple[GeneratorEMA, SeedAnchor | None]:
+    """Every seeded GAN's start: ``model`` loads the generator stage 1 released, its EMA restarts from
+    it, and with ``init_weight`` > 0 the anchor to the seed release. Post-processing: no privacy cost."""
+    model.load_state_dict(start.generator)
+    anchor = SeedAnchor(cfg, start, device) if cfg.init_weight > 0 else None
+    return GeneratorEMA(model, decay=cfg.ema_decay), anchor
 
 
 def start_from_checkpoint(checkpoint: dict[str, Any]) -> SeedStart:
