@@ -137,8 +137,12 @@ def ledger_claim(reply: Incoming) -> LedgerClaim:
 
 
 def build_strategy(cfg: RunOptions, num_classes: int, prior: PriorReleases | None = None) -> Strategy:
-    """The strategy of ``cfg.strategy``; ``prior`` releases only for a method that accepts them."""
+    """The strategy of ``cfg.strategy``; ``prior`` releases only for a method that accepts them (a
+    seed stage's, ``prior.start`` set, for a method that ``accepts_seed``)."""
     run_method = method(cfg.strategy)
-    if prior is not None and not run_method.accepts_prior_releases:
-        raise ValueError(f"{cfg.strategy} cannot account for releases made before its run")
+    if prior is not None:
+        seeded = prior.start is not None
+        if not (run_method.accepts_seed if seeded else run_method.accepts_prior_releases):
+            what = "start from a seed release" if seeded else "account for releases made before its run"
+            raise ValueError(f"{cfg.strategy} cannot {what}")
     return Strategy(run_method, run_method.server(cfg, num_classes, prior))

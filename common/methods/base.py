@@ -281,9 +281,9 @@ class ServerBase:
             "parameters": {**self.parameters(), **(self.summing.section() if self.summing else {})},
         }
         if final:
-            report["statement"] = self.statement(ledgers)
-            if self.prior.stages and self.prior.description not in report["statement"]:  # both mechanisms named
-                report["statement"] += " " + self.prior.description
+            # Releases before the run (a seed stage, the debugging task's selection) are named here,
+            # once for every method: the statement names every mechanism its ε composes.
+            report["statement"] = " ".join(filter(None, [self.statement(ledgers), self.prior.description]))
             report["stages"] = self.stage_shares(ledgers, clients)
         return report
 

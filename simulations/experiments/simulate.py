@@ -50,7 +50,8 @@ def simulate(cfg: ExperimentConfig, run: RunDirectory, *, resume: bool, transpor
     if summary["status"] == "completed":
         return evaluate_at_end(cfg, run) if cfg.eval else EXIT_COMPLETED
     print(f"fedgan: run not completed: {summary['status']} (resume with --resume {run.path})", file=sys.stderr)
-    return EXIT_INTERRUPTED if summary["status"] == "interrupted" else EXIT_STOPPED
+    # a seeded run interrupted in its seed stage reads "seed stage: interrupted"
+    return EXIT_INTERRUPTED if summary["status"].endswith("interrupted") else EXIT_STOPPED
 
 
 def _reason(error: BaseException) -> str:

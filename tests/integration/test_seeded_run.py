@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,23 @@ def test_a_seeded_run_killed_in_either_stage_resumes_to_completion(tmp_path, sta
         assert book.extends(kept) and book.queries - kept.queries <= 1, (cid, released)
         assert c["epsilon"] == pytest.approx(kept.epsilon(delta=privacy["delta"]), rel=1e-9)
         assert c["epsilon"] <= cfg["target_epsilon"] + 1e-9
+
+
+def test_a_seeded_run_stopped_by_a_signal_in_its_seed_stage_exits_130(tmp_path):
+    """SIGTERM in stage 1 is an interruption, as in any run: exit 130 with a checkpoint to resume
+    (it read "seed stage: interrupted", which the CLI took for a stopped run, exit 3)."""
+    out = tmp_path / "run"
+    flags = seeded_flags(**{**KILL_IN["seed"], "init_steps": 100000}, out=out)
+    cli = [sys.executable, "-m", "simulations.cli", "simulate"]
+    proc = subprocess.Popen([*cli, *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: progress(out / "seed") >= 1 or proc.poll() is not None, timeout_s=240, what="a seed step")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert json.loads((out / "seed" / "summary.json").read_text())["status"] == "interrupted"
+    assert f"--resume {out}" in output and not (out / "checkpoint.pt").exists()

@@ -171,12 +171,10 @@ def _amplified_sentence(server: PrivacyLedger, worst: float | None, *, delta: fl
     return amplified
 
 
-def statement(
-    cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger, *, prior: str = ""
-) -> str:
+def statement(cfg: ExperimentConfig, ledgers: Mapping[int, PrivacyLedger], server: PrivacyLedger) -> str:
     """The per-client headline from the clients' ledgers, the amplified figure from the server's
-    record of its sampling. ``prior`` describes releases made before this run that its ledgers
-    include (the debugging task's selection query)."""
+    record of its sampling. Releases before the run that its ledgers include (a seed stage, the
+    debugging task's selection query) are named by ``MethodBase.privacy_report``."""
     delta, accountant = cfg.delta, cfg.accountant
     per_client, worst = per_client_sentence(ledgers, delta=delta, accountant=accountant, what="answered queries")
     channel, spec = channel_for(cfg), release_spec(cfg)
@@ -184,9 +182,9 @@ def statement(
     rule = channel.rule(cfg, spec, RULE_PER_CLIENT)
     head = [*_released_sentences(cfg), *([how] if how else []), per_client, f"Rule: {rule}.", *after]
     if channel.sums:  # a summing channel draws least-used first, no secret sample: no amplified figure
-        return assemble(list(ledgers.values()), head + ([prior] if prior else []), worst)
+        return assemble(list(ledgers.values()), head, worst)
     amplified = _amplified_sentence(server, worst, delta=delta, accountant=accountant)
-    parts = head + [amplified, f"Rule: {RULE_AMPLIFIED_WOR}."] + ([prior] if prior else [])
+    parts = [*head, amplified, f"Rule: {RULE_AMPLIFIED_WOR}."]
     # NOT PRIVATE is about the headline: a void server ledger (reproducible sampling) voids only the
     # amplified figure, and its sentence says so.
     return assemble(list(ledgers.values()), parts, worst)

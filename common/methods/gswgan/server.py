@@ -217,7 +217,7 @@ class GsWganServer(ServerBase):
         }
 
     def statement(self, ledgers: dict[int, PrivacyLedger]) -> str:
-        return statement(self.cfg, ledgers, self.server_ledger, prior=self.prior.description)
+        return statement(self.cfg, ledgers, self.server_ledger)
 
     # --- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

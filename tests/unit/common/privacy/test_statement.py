@@ -29,9 +29,9 @@ NM = 1.07 / math.sqrt(32)
 GS = dict(delta=DELTA, accountant="rdp", noise_multiplier=1.07, batch_size=32)
 
 
-def gswgan_statement(ledgers, server, *, prior: str = "", **options) -> str:
+def gswgan_statement(ledgers, server, **options) -> str:
     """GS-WGAN's statement of a run configured with ``options``."""
-    return gswgan_privacy.statement(ExperimentConfig(**options), ledgers, server, prior=prior)
+    return gswgan_privacy.statement(ExperimentConfig(**options), ledgers, server)
 
 
 def dpgan_statement(ledger, **options) -> str:
