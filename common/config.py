@@ -86,17 +86,22 @@ class _Config:
 
 
 def compose_config(
-    sections: tuple[type, ...], check_sections: Callable[[Any], None], *, strategy: Any, module: str
+    sections: tuple[type, ...],
+    check_sections: Callable[[Any], None],
+    *,
+    fields: dict[str, tuple[str, Any]],
+    module: str,
 ) -> type:
     """``ExperimentConfig``: the run's options first, then each method's section (the registry hands
-    them over, with their checks and the ``strategy`` field that names the methods); ``module`` is
-    where the class lives, so that it pickles."""
+    them over, with their checks and ``fields``, name -> (type, option), that only the registry can
+    write: ``strategy``, which names the methods, and help texts that list them); ``module`` is where
+    the class lives, so that it pickles. A field of ``fields`` keeps its place in the order."""
     namespace = {
         "__doc__": "Resolved options of one run (``config.json`` in the run directory holds exactly these).",
         "__module__": module,
         "__qualname__": "ExperimentConfig",
-        "__annotations__": {"strategy": "str"},
-        "strategy": strategy,
+        "__annotations__": {name: kind for name, (kind, _) in fields.items()},
+        **{name: value for name, (_, value) in fields.items()},
         "_check_sections": staticmethod(check_sections),
     }
     cls = type("ExperimentConfig", (_Config, *reversed(sections), RunOptions), namespace)

@@ -24,6 +24,13 @@ MAX_CLIENTS = 1_000_000  # a ledger and a partition per client; ~300x federated 
 # A noise a million times the sensitivity: ε is at the accountant's floor from ~1e5 on, and beyond
 # ~1e7 its arithmetic breaks down (1e8 raised mid-report, 1e308 overflowed after the releases).
 MAX_NOISE_MULTIPLIER = 1e6
+# ``common.methods`` fills {units} from its registry (each method's ``target_unit``)
+TARGET_EPSILON_HELP = (
+    "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the planned steps "
+    "({units}; a per-client target also sets the client budget); 0: use the configured noise. It sets the noise "
+    "multiplier itself: giving a noise multiplier too (flag or TOML key) is refused; in Flower's run_config, "
+    "where every key has a value, the target wins"
+)
 
 
 @dataclass(frozen=True)
@@ -135,11 +142,7 @@ class RunOptions:
     )
     target_epsilon: float = option(
         0.0,
-        "calibrate the strategy's noise so its headline epsilon reaches this value at delta for the "
-        "planned steps (gswgan, dp-merf: per-client, also sets the client budget; dpgan: example-level; "
-        "fedavg-gan: trusted-server user-level); 0: use the configured noise. It sets the noise "
-        "multiplier itself: giving a noise multiplier too (flag or TOML key) is refused; in Flower's "
-        "run_config, where every key has a value, the target wins",
+        TARGET_EPSILON_HELP.format(units="in the method's own unit"),
     )
     # --- secure aggregation (SecAgg+ with distributed Skellam noise; DESIGN §8) -----------------
     secure_aggregation: bool = option(

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from common.evaluation.measured import SEEDED, measured_sentence
 from common.methods import ExperimentConfig, method
 from common.privacy.statement import DO_NOT_PUBLISH, epsilon_meaning
 
@@ -172,7 +173,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("clients queried", f"{sum(c['queries'] > 0 for c in summary['clients'])} of {summary['num_clients']}"),
         (f"ε {kind} (δ={summary['delta']:g}, {accountant})", eps_text),
         ("ε rule", summary["accounting"]),
-        ("ε means", epsilon_meaning(None if None in eps else max(eps), delta=summary["delta"], kind=kind)),
+        ("ε means", _meaning(summary, None if None in eps else max(eps), kind)),
         (f"ε {amp.get('kind') or 'amplified'}", amp_text),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
@@ -189,6 +190,16 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         rows.insert(0, ("NOT PRIVATE", "; ".join(summary["not_private"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _meaning(summary: dict[str, Any], epsilon: float | None, kind: str) -> str:
+    """What the headline ε bounds, and what this method measured near it (a seeded run: the seeded
+    method's points)."""
+    stages = summary.get("stages") or []
+    name = summary["strategy"]
+    if stages:
+        name = SEEDED.format(method=name, seed=stages[0].get("method", "?"))
+    return epsilon_meaning(epsilon, delta=summary["delta"], kind=kind, measured=measured_sentence(name, epsilon))
 
 
 def stage_text(stages: list[dict[str, Any]]) -> str:

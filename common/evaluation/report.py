@@ -40,7 +40,15 @@ EVAL_ROWS = (  # key, label, kind of value
     ("gen2real_acc", "gen2real accuracy (train on generated, test on real)", "accuracy"),
     ("real2gen_acc", "real2gen accuracy (train on real, test on generated)", "accuracy"),
 )
-NOT_FIGURES = {"num_samples", "privacy", "curve", "steps_completed", "step", "run_dir"}  # eval.json bookkeeping
+NOT_FIGURES = {
+    "num_samples",
+    "privacy",
+    "curve",
+    "steps_completed",
+    "step",
+    "run_dir",
+    "num_classes",
+}  # eval.json bookkeeping
 CAPTIONS = {  # plot name prefix -> caption
     "epsilon_per_client": "ε per client against an untrusted server: each client's own answered queries "
     "composed, no amplification. Dashed: the amplified ε, which assumes the server samples clients "
@@ -93,8 +101,9 @@ def _format_value(value: Any, kind: str) -> str:
             mean, std = (list(value) + [None, None])[:2]
             return _num(mean) + ("" if finite_or_none(std) is None else f" ± {_num(std, '.2g')}")
     if kind == "accuracy":
-        if isinstance(value, dict):
-            return " · ".join(f"{name.upper()} {_percent(v)}" for name, v in value.items())
+        if isinstance(value, dict):  # one figure per classifier; eval.json's provenance (data, publishable) is none
+            scores = {name: v for name, v in value.items() if v is None or type(v) in (int, float)}
+            return " · ".join(f"{name.upper()} {_percent(v)}" for name, v in scores.items())
         return _percent(value)
     if isinstance(value, (dict, list)):
         return json.dumps(value, default=str)

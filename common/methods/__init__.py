@@ -20,6 +20,7 @@ from common.config import compose_config
 from common.messages import SHARED
 from common.options import check, option
 from common.privacy import RunTerms
+from common.run_options import TARGET_EPSILON_HELP
 from common.secagg.plan import fewest_survivors
 
 from . import seeding
@@ -99,8 +100,29 @@ STRATEGY = option(
     "warm start (--public-data, --public-warmup-steps) with all three, its grouped and adaptive clipping "
     "(--dpgan-clip-groups, --dpgan-group-bounds) with dpgan",
 )
+
+
+def _names(which: Any) -> str:
+    return ", ".join(name for name, m in METHODS.items() if which(m)) or "none"
+
+
+# Help texts that list methods are written here, from the registry, never by hand
+TARGET_EPSILON = option(
+    0.0, TARGET_EPSILON_HELP.format(units="; ".join(f"{n}: {m.target_unit}" for n, m in METHODS.items()))
+)
+INIT_RELEASE = option(
+    seeding.NONE,
+    seeding.INIT_RELEASE_HELP.format(seeds=_names(lambda m: m.seeds), takers=_names(lambda m: m.accepts_seed)),
+)
 ExperimentConfig = compose_config(
-    (*(m.options for m in METHODS.values()), seeding.Options), _validate, strategy=STRATEGY, module=__name__
+    (*(m.options for m in METHODS.values()), seeding.Options),
+    _validate,
+    fields={
+        "strategy": ("str", STRATEGY),
+        "target_epsilon": ("float", TARGET_EPSILON),
+        "init_release": ("str", INIT_RELEASE),
+    },
+    module=__name__,
 )
 
 

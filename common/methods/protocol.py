@@ -171,7 +171,9 @@ class Method(Protocol):
 
     Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot account
     for releases made before its run), ``accepts_seed`` (False: it cannot start from a seed release,
-    ``common/methods/seeding``; True: its server side starts from ``prior.start``),
+    ``common/methods/seeding``; True: its server side starts from ``prior.start``), ``seeds`` (False:
+    its release cannot seed a GAN; True: ``--init-release`` may name it), ``target_unit`` ("per
+    client": the unit of the headline ε ``--target-epsilon`` calibrates, named in its help),
     ``unbounded_against_server`` (False: its clients add their own noise), ``supports_dpac`` (False),
     ``check_run`` (checks only when it is the run's method), ``release_spec`` and ``channel_needs``
     (None / empty: its releases take no release channel; else the spec describes one release for the
@@ -193,6 +195,8 @@ class Method(Protocol):
     step_label: str
     accepts_prior_releases: bool
     accepts_seed: bool
+    seeds: bool
+    target_unit: str
     unbounded_against_server: bool
     supports_dpac: bool
     channel_needs: frozenset[str]

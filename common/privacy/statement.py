@@ -199,19 +199,20 @@ def protected(kind: str) -> str:
     return kind
 
 
-def epsilon_meaning(epsilon: float | None, *, delta: float, kind: str = KIND_PER_CLIENT) -> str:
-    """One sentence on what a headline ε of ``kind`` (its unit) means and where the trade-off
-    against quality is shown."""
-    where = "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
+FRONTIER = "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
+
+
+def epsilon_meaning(
+    epsilon: float | None, *, delta: float, kind: str = KIND_PER_CLIENT, measured: str = FRONTIER
+) -> str:
+    """One sentence on what a headline ε of ``kind`` (its unit) bounds, then ``measured``: what this
+    method's measured frontier shows near that ε (``common/evaluation/measured.py``), not a word on
+    what papers usually target."""
     if epsilon is None or not math.isfinite(epsilon):
-        return f"no guarantee: something was released without noise; {where}"
-    if epsilon <= 1:
-        strength = "strong"
-    elif epsilon <= 10:
-        strength = "moderate, the usual target of the papers"
-    else:
-        strength = "weak: the odds bound alone is vacuous at this size, only ruling out near-certain inferences"
+        return f"no guarantee: something was released without noise; {measured}"
+    # Above 10 the factor e^ε exceeds 22,000: the bound rules out only near-certain inferences.
+    vacuous = " (vacuous at this size alone: it rules out only near-certain inferences)" if epsilon > 10 else ""
     return (
         f"except with probability δ = {delta:g}, no inference about {protected(kind)} can shift "
-        f"anyone's odds by more than a factor e^ε = e^{epsilon:.3g} ({strength}); {where}"
+        f"anyone's odds by more than a factor e^ε = e^{epsilon:.3g}{vacuous}; {measured}"
     )

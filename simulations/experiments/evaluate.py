@@ -33,6 +33,7 @@ from common.evaluation.classifier import (
 from common.evaluation.domain_classifier import load_or_train_domain_classifier
 from common.evaluation.fid import FeatureStats, cached_stats, feature_stats, frechet_distance
 from common.evaluation.plots import plot_epsilon_per_client, plot_epsilon_vs_fid, plot_training_curves
+from common.evaluation.quality import quality_warnings
 from common.evaluation.report import format_eval_table, write_report
 from common.evaluation.utility import gen2real, real2gen
 from common.learning.models import build_generator, device_of, sample_latent
@@ -234,6 +235,7 @@ def evaluate_run(
     result.update(
         _privacy_summary(summary),
         steps_completed=summary["steps_completed"],
+        num_classes=num_classes_for(cfg),
         curve=_snapshot_curve(run, cfg, evaluator, summary, result),
     )
     plots = _plots(run, cfg, summary, result)
@@ -319,7 +321,10 @@ PROVENANCE = {
 
 
 def print_eval(result: dict[str, Any]) -> None:
+    """The evaluation table, then a warning line for each figure that says the generator learned little."""
     print(format_eval_table({k: result[k] for k in METRICS if k in result}), flush=True)
+    for line in quality_warnings(result, num_classes=result.get("num_classes")):
+        print(line, flush=True)
     if "protocol" in result:
         from .evaluate_protocol import format_protocol
 

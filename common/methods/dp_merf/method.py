@@ -31,6 +31,7 @@ class DpMerf(MethodBase):
     messages = {MSG_EMBED: (MerfRequest, MerfRelease)}
     step_label = "generator steps"
     family: FeatureFamily = RANDOM_FOURIER
+    seeds = True  # a generator fitted to its one release seeds a GAN (``common/methods/seeding``)
     title = "DP-MERF"  # as the privacy statement names the method
     # Every one-shot method's name: a node's releases under any of them count together (a summary
     # of the same data under another feature map composes like a second release of this one).

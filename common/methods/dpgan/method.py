@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class Dpgan(MethodBase):
     name = "dpgan"
+    target_unit = "per example (one curator's DP-SGD)"
     options = options.Options
     messages = MESSAGES
     step_label = "generator steps"

@@ -34,6 +34,7 @@ class FedAvgGan(MethodBase):
     unbounded_against_server = True  # clients send raw deltas: a node with a finite max-epsilon refuses
     channel_needs = frozenset({SUMS})  # a round's deltas can be summed, each client adding a noise share
     accepts_seed = True  # G and the first global D start from a seed release's (through secure sums)
+    target_unit = "per client through secure sums, user-level with a trusted server in the clear"
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)

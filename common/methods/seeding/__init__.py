@@ -9,13 +9,13 @@ client, for the calibration and the nodes' checks), ``start.py`` holds what stag
 
 from __future__ import annotations
 
-from .options import NONE, SEED_METHODS, Options, validate
+from .options import INIT_RELEASE_HELP, NONE, Options, validate
 from .stage import calibrate_seed, check_run, seed_config, seed_events, seeded
 from .start import SeedAnchor, SeedStart, server_critic, start_from_checkpoint, start_generator
 
 __all__ = [
     "NONE",
-    "SEED_METHODS",
+    "INIT_RELEASE_HELP",
     "Options",
     "SeedAnchor",
     "SeedStart",

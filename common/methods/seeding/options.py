@@ -11,20 +11,20 @@ if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
 NONE = "none"
-SEED_METHODS = ("dp-merf", "dp-ntk")  # one-shot releases a generator can be fitted to
+# ``common.methods`` fills {seeds} from its registry (the methods that say ``seeds``)
+INIT_RELEASE_HELP = (
+    "seed stage: " + NONE + ", or the one-shot release ({seeds}) every client makes first, through the run's "
+    "channel (secure sums with --secure-aggregation); the server fits the GAN's generator to it and trains a "
+    "critic on that generator's samples, and the GAN starts from both (these GANs do: {takers}). Each client's "
+    "ledger composes both stages; --target-epsilon is the total and --init-epsilon the seed's share"
+)
 
 
 @dataclass(frozen=True)
 class Options:
     """The seed stage: a one-shot release before the run's GAN, which starts from its generator."""
 
-    init_release: str = option(
-        NONE,
-        f"seed stage: {NONE}, or the one-shot release ({', '.join(SEED_METHODS)}) every client makes first, "
-        "through the run's channel (secure sums with --secure-aggregation); the server fits the GAN's generator "
-        "to it and trains a critic on that generator's samples, and the GAN starts from both. Each client's "
-        "ledger composes both stages; --target-epsilon is the total and --init-epsilon the seed's share",
-    )
+    init_release: str = option(NONE, INIT_RELEASE_HELP.format(seeds="a method's", takers="GANs"))
     init_epsilon: float = option(
         0.0,
         "seed stage: the per-client epsilon of the seed release (its share of --target-epsilon, which is "
@@ -54,7 +54,9 @@ class Options:
 
 def validate(c: ExperimentConfig) -> None:
     """The section's own checks; what depends on the run's method is ``stage.check_run``'s."""
-    check_choice(c, "init_release", (NONE, *SEED_METHODS))
+    from common.methods import METHODS  # the registry, complete by the time a config is checked
+
+    check_choice(c, "init_release", (NONE, *(m.name for m in METHODS.values() if m.seeds)))
     check(c.init_epsilon >= 0, "init_epsilon", c.init_epsilon, "must be >= 0")
     check(c.init_steps >= 1, "init_steps", c.init_steps, "must be >= 1")
     check(c.init_weight >= 0, "init_weight", c.init_weight, "must be >= 0")

@@ -126,13 +126,15 @@ def test_gswgan_statement_says_the_warm_start_and_the_basis_cost_nothing():
 
 @pytest.mark.parametrize(
     ("eps", "words"),
-    [(0.5, "(strong)"), (8.0, "moderate"), (100.0, "weak"), (None, "no guarantee"), (math.inf, "no guarantee")],
+    [(0.5, "e^0.5;"), (8.0, "e^8;"), (100.0, "vacuous"), (None, "no guarantee"), (math.inf, "no guarantee")],
 )
-def test_epsilon_meaning_grades_the_figure_and_points_at_the_frontier(eps, words):
+def test_epsilon_meaning_bounds_the_odds_and_points_at_the_frontier(eps, words):
+    """Issue 43: no word on what papers usually target ("moderate, the usual target of the papers")."""
     text = epsilon_meaning(eps, delta=1e-5)
-    assert words in text and "frontier" in text
+    assert words in text and "frontier" in text and "papers" not in text
     if eps is not None and math.isfinite(eps):
         assert f"e^{eps:.3g}" in text and "δ = 1e-05" in text
+    assert epsilon_meaning(eps, delta=1e-5, measured="MEASURED").endswith("; MEASURED")
 
 
 def test_epsilon_meaning_names_the_unit_it_protects():
