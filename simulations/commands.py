@@ -207,13 +207,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from common.data import DataError
     from server.reporting import RunDirectoryError
 
-    from .experiments.compare import STRATEGY_ORDER, check_new_compare_dir, compare, format_comparison
+    from .experiments.compare import STRATEGY_ORDER, check_new_compare_dir, compare, format_comparison, method_config
 
     try:
         apply_node_policy(args)
         cfg = resolve_config(args)
         for name in STRATEGY_ORDER:  # every strategy's own checks (its data too) now, not after the others trained
-            prepare(cfg.replace(strategy=name))
+            method_config(cfg, name)
         check_ray_placement(cfg, args.transport)
         check_node_state(args)
         if cfg.out:

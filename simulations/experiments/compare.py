@@ -1,4 +1,4 @@
-"""``fedgan compare``: GS-WGAN, DPGAN and Fed-Avg GAN on the same data, partition and seed.
+"""``fedgan compare``: every method on the same data, partition and seed.
 
 Each strategy runs with its own privacy parameters through the same loop and client app, is evaluated
 like any run (unless ``--no-eval``), and ends up in ``comparison.json`` (one entry per strategy with
@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.channels import SUMS
 from common.evaluation.plots import plot_bytes_per_step
-from common.methods import METHODS, ExperimentConfig, method, prepare
+from common.methods import METHODS, ExperimentConfig, method, prepare, run_terms
+from common.options import ConfigError
+from common.privacy.policy import load_policy
 from server.reporting import RunDirectory, RunDirectoryError, atomic_write_json, check_writable, next_run_dir
 
 from .simulate import _run_flower, _run_inprocess
@@ -26,10 +29,33 @@ def generator_steps(summary: dict[str, Any], cfg: ExperimentConfig) -> int:
     return method(summary["strategy"]).generator_updates(cfg, summary["steps_completed"])
 
 
+def method_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
+    """``name``'s run in the comparison, prepared (its own --target-epsilon noise), in a form the
+    nodes' policy accepts: where the user chose no release channel and the nodes refuse the method's
+    releases in the clear (Fed-Avg GAN's raw deltas are unbounded against the server; the default
+    policy refuses them), it runs through secure sums, bounded per client, if it has that form. The
+    table labels each ε with its own unit either way."""
+    scfg = prepare(cfg.replace(strategy=name))
+    if cfg.release_channel or cfg.secure_aggregation:
+        return scfg
+    policy = load_policy({})
+    refused = policy.violations(scfg, run_terms(scfg))
+    if not refused or SUMS not in method(name).channel_needs:
+        return scfg
+    try:
+        secure = prepare(cfg.replace(strategy=name, secure_aggregation=True))
+    except ConfigError as err:
+        raise ConfigError(
+            f"{name}: the nodes' policy refuses it in the clear ({'; '.join(refused)}) and its secure-sum form "
+            f"does not fit this configuration: {err}"
+        ) from err
+    return secure if not policy.violations(secure, run_terms(secure)) else scfg
+
+
 def run_one(
     cfg: ExperimentConfig, out: Path, name: str, transport: str, node_state: str | Path | None = None
 ) -> dict[str, Any]:
-    scfg = prepare(cfg.replace(strategy=name, out=str(out / name)))  # each its own --target-epsilon noise
+    scfg = method_config(cfg, name).replace(out=str(out / name))
     run = RunDirectory.create(scfg, state_dir=node_state)
     runner = _run_inprocess if transport == "inprocess" else _run_flower
     _, error = runner(scfg, run, False)

@@ -58,3 +58,22 @@ def test_compare_checks_every_strategy_before_training_any(tmp_path, capsys):
     assert "fedavg_clients_per_round=5" in capsys.readouterr().err and not out.exists()
     assert main(["compare", *tiny_flags(num_clients=3, dpgan_batch_size=10_000, out=out)]) == 2
     assert "dpgan_batch_size=10000" in capsys.readouterr().err and not out.exists()
+
+
+def test_compare_runs_every_method_under_the_default_node_policy(tmp_path, capsys):
+    """Issue 43, item 3: without a node policy Fed-Avg GAN failed (its raw deltas are unbounded against
+    the server: "4 of 4 nodes refuse this run"), so compare exited 1. It now runs through secure sums,
+    each ε in its own unit."""
+    out = tmp_path / "cmp"
+    flags = tiny_flags(num_clients=4, steps=2, fedavg_clients_per_round=4, out=out)
+    assert main(["compare", *flags]) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    for i, name in enumerate(METHODS, 1):
+        assert f"[{i}/{len(METHODS)}] {name}: completed, 2 steps" in printed
+    fedavg = json.loads((out / "fedavg-gan" / "summary.json").read_text())
+    assert json.loads((out / "fedavg-gan" / "config.json").read_text())["secure_aggregation"] is True
+    assert 0 < fedavg["epsilon_max"] < float("inf") and "secure sum" in fedavg["epsilon_kind"]
+    (row,) = [line for line in printed.splitlines() if line.startswith("fedavg-gan ")]
+    assert "server runs the secure sum" in row
+    # the others in the form the user asked for (none: their own clear releases)
+    assert json.loads((out / "gswgan" / "config.json").read_text())["secure_aggregation"] is False
