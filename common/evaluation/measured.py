@@ -36,6 +36,7 @@ MEASURED: dict[str, tuple[Measured, ...]] = {
         Measured(1.0, 0.0955, "frontier-secure-fedavg-gan-fashion-mnist-cpu"),
         Measured(10.0, 0.1050, "frontier-secure-fedavg-gan-fashion-mnist-cpu"),
     ),
+    "fedavg-gan seeded by dp-merf": (Measured(10.0, 0.7165, "frontier-seeded-fedavg-gan-fashion-mnist-cpu"),),
     "dp-merf": (
         Measured(1.0, 0.6495, "frontier-secure-dp-merf-fashion-mnist-cpu"),
         Measured(10.0, 0.6820, "frontier-secure-dp-merf-fashion-mnist-cpu"),
