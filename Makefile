@@ -30,9 +30,9 @@ run: install
 # tests/deployment/test_compose*.py validate the compose files with Debian's docker-compose and run
 # them on a Docker engine of their own (dockerd, from docker.io) with images built offline (mmdebstrap),
 # so those packages are installed first when missing: as root directly, otherwise with sudo.
-DEBIAN_PACKAGES := docker-compose docker.io mmdebstrap
+DEBIAN_PACKAGES := docker-compose docker.io mmdebstrap chromium chromium-driver
 test: install
-	@{ command -v docker-compose && command -v dockerd && command -v mmdebstrap; } >/dev/null 2>&1 \
+	@{ command -v docker-compose && command -v dockerd && command -v mmdebstrap && command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); } \
 	  || { command -v sudo >/dev/null 2>&1 && sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); } \
 	  || { echo "make test: could not install $(DEBIAN_PACKAGES); run 'apt-get install $(DEBIAN_PACKAGES)' as root" >&2; exit 1; }

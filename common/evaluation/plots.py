@@ -22,9 +22,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from common.evaluation.beside import AMPLIFIED_KIND, BesideFigure
+
 DPI = 120
 MAX_BARS = 60  # above this many clients the per-client ε becomes a histogram
-AMPLIFIED_LABEL = "trusted sampling (assumption)"
 METRIC_LABELS = {  # metric -> (short name for titles, axis label)
     "fid": ("FID", "FID, Inception pool3 features (lower is better)"),
     "fid_domain": ("Domain FID", "domain FID, project classifier features (lower is better)"),
@@ -100,16 +101,18 @@ def client_epsilons(summary: dict) -> list[tuple[Any, float | None, int]]:
 
 
 def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
-    """Per-client ε (untrusted server), sorted bars up to 60 clients, a histogram above that.
+    """Per-client ε (the headline's kind), sorted bars up to 60 clients, a histogram above that.
 
     Unbounded clients (ε null: the server sees raw updates) are drawn as hatched bars reaching the top
-    and counted in the title; the amplified ε, which assumes the server samples clients uniformly,
-    is a dashed line labelled as that assumption.
+    and counted in the title; the figure beside the headline (``epsilon_amplified``) is a dashed line
+    named by its kind: the amplified ε as the assumption it is, a secure run's figure as the ε against
+    a server that deviates from the secure sum (``beside.py``).
     """
     rows = client_epsilons(summary)
     finite = sorted((r for r in rows if r[1] is not None), key=lambda r: r[1])
     unbounded = [r for r in rows if r[1] is None]
     amp = finite_or_none((summary.get("epsilon_amplified") or {}).get("epsilon"))
+    beside = BesideFigure.of(summary)
     idle = sum(r[2] == 0 for r in rows)
     fig, axes = _new_figure(9, 4.8)
     ax = axes[0, 0]
@@ -118,17 +121,17 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
         notes.append(f"{len(unbounded)} unbounded (ε = ∞, raw updates visible to the server)")
     strategy = summary.get("strategy")
     ax.set_title(
-        f"Per-client ε against an untrusted server ({_delta_text(summary.get('delta'))}"
+        f"ε {summary.get('epsilon_kind') or 'per client, untrusted server'} ({_delta_text(summary.get('delta'))}"
         f"{', ' + str(strategy) if strategy else ''})\n" + " · ".join(notes),
         fontsize=11,
     )
     if not rows:
         _no_data(ax, "no clients in summary.json")
     elif len(rows) <= MAX_BARS:
-        _epsilon_bars(ax, finite, unbounded, amp)
+        _epsilon_bars(ax, finite, unbounded, amp, beside)
     else:
-        _epsilon_histogram(ax, [r[1] for r in finite], amp)
-    if amp is not None and finite and amp > finite[-1][1]:
+        _epsilon_histogram(ax, [r[1] for r in finite], amp, beside)
+    if amp is not None and beside.amplified and finite and amp > finite[-1][1]:
         ax.text(0.5, 0.97, AMPLIFIED_ABOVE_HINT, transform=ax.transAxes, ha="center", va="top", fontsize=9, color="0.3")
     return _save(fig, path)
 
@@ -138,7 +141,7 @@ AMPLIFIED_ABOVE_HINT = (
 )
 
 
-def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
+def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None, beside: BesideFigure) -> None:
     values = [r[1] for r in finite]
     top = max(values + ([amp] if amp is not None else []) + [0.0]) * 1.12 or 1.0
     x = np.arange(len(finite) + len(unbounded))
@@ -173,7 +176,7 @@ def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
                 bbox=dict(facecolor="white", edgecolor="none", pad=1),
             )
     if amp is not None:
-        ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5, label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+        ax.axhline(amp, color="C3", linestyle="--", linewidth=1.5, label=beside.legend(amp))
     ax.set_ylim(0, top)
     ax.set_xlim(-0.6, len(x) - 0.4)
     ax.set_xticks(x, [str(r[0]) for r in finite + unbounded], rotation=90 if small else 0, fontsize=7 if small else 10)
@@ -183,11 +186,11 @@ def _epsilon_bars(ax, finite: list, unbounded: list, amp: float | None) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
-def _epsilon_histogram(ax, values: list[float], amp: float | None) -> None:
+def _epsilon_histogram(ax, values: list[float], amp: float | None, beside: BesideFigure) -> None:
     if values:
         ax.hist(values, bins=min(30, max(5, len(set(values)))), color="C0", edgecolor="white", label="clients")
     if amp is not None:
-        ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5, label=f"amplified ε = {amp:.4g}, {AMPLIFIED_LABEL}")
+        ax.axvline(amp, color="C3", linestyle="--", linewidth=1.5, label=beside.legend(amp))
     ax.set_xlabel("ε per client (no amplification)")
     ax.set_ylabel("number of clients")
     if values or amp is not None:
@@ -276,15 +279,18 @@ def _series(metrics: list[dict], key: str) -> tuple[list[float], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
-def plot_training_curves(metrics: list[dict], path: Path, *, delta: float | None = None) -> Path:
-    """ε (max, median and amplified) and the Wasserstein estimate against the generator step."""
+def plot_training_curves(
+    metrics: list[dict], path: Path, *, delta: float | None = None, beside_kind: str = AMPLIFIED_KIND
+) -> Path:
+    """ε (max, median and the figure beside the headline, named by ``beside_kind``: summary.json's
+    ``epsilon_amplified.kind``) and the Wasserstein estimate against the generator step."""
     fig, axes = _new_figure(8, 6.5, nrows=2, sharex=True)
     ax_eps, ax_w = axes[0, 0], axes[1, 0]
     drawn = False
     for key, label, style in (
         ("privacy/epsilon_max", "ε max over clients", dict(color="C3")),
         ("privacy/epsilon_median", "ε median over clients", dict(color="C0")),
-        ("privacy/epsilon_amplified", f"amplified ε, {AMPLIFIED_LABEL}", dict(color="C3", linestyle=":")),
+        ("privacy/epsilon_amplified", BesideFigure(beside_kind).name, dict(color="C3", linestyle=":")),
     ):
         steps, values = _series(metrics, key)
         if steps:

@@ -21,7 +21,7 @@ def quality_warnings(eval_result: dict[str, Any], *, num_classes: int | None) ->
         chance = 1.0 / num_classes
         if best <= chance + CHANCE_MARGIN:
             warnings.append(
-                f"warning: gen2real {best:.1%} is within {CHANCE_MARGIN:.0%} points of chance ({chance:.0%} for "
+                f"warning: gen2real {best:.1%} is within {CHANCE_MARGIN * 100:.0f} points of chance ({chance:.0%} for "
                 f"{num_classes} classes): the samples carry no class structure a classifier can learn"
             )
     fid = _value(eval_result.get("fid"))

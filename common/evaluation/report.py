@@ -27,7 +27,9 @@ from typing import Any
 
 from PIL import Image
 
+from common.evaluation.beside import epsilon_captions
 from common.evaluation.plots import client_epsilons, finite_or_none, format_bytes
+from common.evaluation.quality import quality_warnings
 from common.evaluation.report_audit import audit_rows, read_audit, read_json
 from common.evaluation.report_text import escape as _e
 from common.evaluation.report_text import number as _num
@@ -49,14 +51,11 @@ NOT_FIGURES = {
     "run_dir",
     "num_classes",
 }  # eval.json bookkeeping
-CAPTIONS = {  # plot name prefix -> caption
-    "epsilon_per_client": "ε per client against an untrusted server: each client's own answered queries "
-    "composed, no amplification. Dashed: the amplified ε, which assumes the server samples clients "
-    "uniformly (trusted sampling).",
+CAPTIONS = {  # plot name prefix -> caption (the first two in the run's own terms: beside.epsilon_captions)
+    "epsilon_per_client": "ε per client: each client's own answered queries composed, no amplification.",
+    "training_curves": "ε (max and median over clients) and the critic's Wasserstein estimate over generator steps.",
     "epsilon_vs_fid": "Quality of the released generator at checkpoints against the ε spent by then "
     "(max over clients).",
-    "training_curves": "ε (max and median over clients, amplified) and the critic's Wasserstein "
-    "estimate over generator steps.",
     "bytes_per_step": "Serialized message bytes per generator step per participating client, "
     "server → client (down) and client → server (up), log scale.",
     "samples": "Samples of the released (EMA) generator, one row per class.",
@@ -68,7 +67,7 @@ padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .sub{color:#666;margin-top:0}table{border-collapse:collapse;margin:.5em 0}
 th,td{text-align:left;vertical-align:top;padding:.3em .8em;border-bottom:1px solid #eee}
-th{color:#444;font-weight:600;white-space:nowrap}td.num{font-variant-numeric:tabular-nums}
+th{color:#444;font-weight:600;min-width:9em}td.num{font-variant-numeric:tabular-nums}
 .small{font-size:.88em;color:#555}figure{margin:1.5em 0}figure img{max-width:100%;border:1px solid #eee}
 img.pixels{image-rendering:pixelated}figcaption{color:#444;font-size:.92em;margin-top:.3em}
 .missing{color:#a00}.statement{background:#f7f7f7;padding:.8em 1em;border-left:3px solid #c33}
@@ -272,11 +271,11 @@ def _clients_table(summary: dict) -> str:
     )
 
 
-def _figure(name: str, entry: Path | str | tuple[Path | str, str]) -> str:
+def _figure(name: str, entry: Path | str | tuple[Path | str, str], captions: dict[str, str] = CAPTIONS) -> str:
     path, caption = (
         entry
         if isinstance(entry, tuple)
-        else (entry, next((c for k, c in CAPTIONS.items() if name.startswith(k)), name.replace("_", " ")))
+        else (entry, next((c for k, c in captions.items() if name.startswith(k)), name.replace("_", " ")))
     )
     path = Path(path)
     try:
@@ -307,6 +306,7 @@ def render_report(
 ) -> str:
     """The report page as a string (``write_report`` adds the files of the run directory)."""
     ev = eval_rows(eval_result)
+    warnings = quality_warnings(eval_result or {}, num_classes=_classes(eval_result))
     notes = summary.get("notes") or []
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -323,6 +323,7 @@ def render_report(
         _clients_table(summary),
         "<h2>Evaluation</h2>",
         _table(ev, ("figure", "value", "samples")) if ev else "<p>No evaluation results.</p>",
+        *(f'<p class="missing">{_e(w)}</p>' for w in warnings),
         "<h2>Privacy statement</h2>",
         f'<p class="statement">{_e(summary.get("privacy_statement") or "No privacy statement recorded.")}</p>',
     ]
@@ -333,9 +334,15 @@ def render_report(
     if notes:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{_e(n)}</li>" for n in notes), "</ul>"]
     if plots:
-        parts += ["<h2>Figures</h2>", *(_figure(name, entry) for name, entry in plots.items())]
+        captions = {**CAPTIONS, **epsilon_captions(summary)}
+        parts += ["<h2>Figures</h2>", *(_figure(name, entry, captions) for name, entry in plots.items())]
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def _classes(eval_result: dict | None) -> int | None:
+    classes = (eval_result or {}).get("num_classes")
+    return classes if type(classes) is int else None
 
 
 def write_report(run_dir: Path, eval_result: dict | None, plots: dict[str, Path], *, title: str | None = None) -> Path:

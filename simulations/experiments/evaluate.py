@@ -25,6 +25,7 @@ import torch
 
 from common.data import Dataset, data_root, load_dataset, num_classes_for
 from common.device import resolve_device
+from common.evaluation.beside import BesideFigure
 from common.evaluation.classifier import (
     extract_features,
     inception_score,
@@ -293,7 +294,9 @@ def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict
     metrics = run.read_metrics()
     plots = {
         "epsilon_per_client": plot_epsilon_per_client(summary, folder / "epsilon_per_client.png"),
-        "training_curves": plot_training_curves(metrics, folder / "training_curves.png", delta=cfg.delta),
+        "training_curves": plot_training_curves(
+            metrics, folder / "training_curves.png", delta=cfg.delta, beside_kind=BesideFigure.of(summary).kind
+        ),
         "epsilon_vs_fid_domain": plot_epsilon_vs_fid(
             result["curve"], folder / "epsilon_vs_fid_domain.png", metric="fid_domain", delta=cfg.delta
         ),

@@ -41,3 +41,13 @@ def test_an_fid_above_the_bound_is_named_and_absent_figures_are_not() -> None:
     assert not quality_warnings({"fid": {"value": 214.0}}, num_classes=10)
     assert not quality_warnings({"fid": {"value": None}, "gen2real_acc": {"cnn": None}}, num_classes=10)
     assert not quality_warnings({}, num_classes=None)
+
+
+def test_the_report_shows_the_warnings_under_its_evaluation(tmp_path) -> None:
+    from common.evaluation.report import render_report
+
+    summary = {"strategy": "gswgan", "clients": [], "run_dir": str(tmp_path)}
+    near_chance = {"gen2real_acc": {"cnn": 0.11, "mlp": 0.10}, "num_classes": 10}
+    page = render_report(summary, near_chance, {}, title="run")
+    assert "within 5 points of chance" in page and page.index("Evaluation") < page.index("within 5 points")
+    assert "chance" not in render_report(summary, {**near_chance, "gen2real_acc": {"cnn": 0.7}}, {}, title="run")
