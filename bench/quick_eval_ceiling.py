@@ -4,7 +4,7 @@ gen2real trains the quick evaluation's CNN and MLP (3 epochs, Adam 1e-3, batch 1
 images and tests them on N real test images; a generator can at best match real training images of
 the same number. This trains those classifiers on N real training images (the seeded subset the
 evaluation's real2gen uses) and tests them the same way, for each N, so a gen2real figure can be read
-against what N real images would give (issue 26: the README's noiseless 62–67% were read as the
+against what N real images would give (issue 26: the frontier's noiseless 62–67% were read as the
 generators' ceiling; at N = 2,000 they sit at the evaluation's own).
 
 Usage: ``PYTHONPATH=. python bench/quick_eval_ceiling.py [--dataset fashion-mnist] [--ns 2000,10000]``;

@@ -2,7 +2,7 @@
 
 - "DEPRECATED FEATURE: The `run_simulation` function ...": printed twice per run. fedgan drives
   Flower's simulation runtime from its own CLI so that the configuration is resolved (and bad input
-  refused) before Flower starts; `flwr run` remains available (README, "With `flwr run`").
+  refused) before Flower starts; `flwr run` remains available (docs/deployment/local.md, "Flower's own CLI").
 - "Manually terminating ClientAppActor": printed by every Ray actor at a normal shutdown.
 
 A logging filter on Flower's logger, installed in the server process (``_quiet_flower``) and in each

@@ -7,7 +7,7 @@
 # It writes .gpu/ (git-ignored): .gpu/wheels (the wheels for the GPU machine's Python 3.12, exact
 # versions from this checkout's .venv, no dependencies resolved there) and .gpu/data/fashion-mnist
 # (Debian's dataset-fashion-mnist, installed here when missing). Then, with the device tool, carry
-# ".gpu" and run scripts/gpu_run.sh there (see the README's "On a GPU" section). Ray is not carried
+# ".gpu" and run scripts/gpu_run.sh there (see docs/gpu.md). Ray is not carried
 # (too large): runs there use --transport inprocess. The Inception weights (87 MB) exceed one call's
 # 64 MiB carry, so FID there is left to the domain FID unless you carry them in parts yourself.
 set -euo pipefail

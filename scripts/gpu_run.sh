@@ -76,7 +76,7 @@ case "${1:-step}" in
     timeout 580 python3 bench/frontier.py --scale paper --device cuda --no-inception --reuse --jobs 1 --out "$OUT" || true
     ;;
   column)
-    # The settings of the README's protocol table, one frontier invocation per method and privacy
+    # The settings of the protocol table (docs/frontier-protocol.md), one frontier invocation per method and privacy
     # setting (secure sums refuse σ = 0, so each ∞ point runs without them), all at once.
     merf="--merf-dct 0 --merf-features 3000 --merf-lengthscale 5 --steps 4000"
     secure="--secure-aggregation --secagg-cohort 1000"

@@ -55,8 +55,8 @@ def config_flags(**values: object) -> list[str]:
 
 NODE_POLICY_HELP = (
     "privacy policy (TOML) that every simulated node pins, whatever the server asks: "
-    "min-noise-multiplier, max-epsilon, delta, allow-nonprivate (see README, 'A node's own "
-    "privacy policy'); default: no minimum, no budget, delta 1e-5, nothing non-private "
+    "min-noise-multiplier, max-epsilon, delta, allow-nonprivate (see docs/privacy.md, 'A node's "
+    "own privacy policy'); default: no minimum, no budget, delta 1e-5, nothing non-private "
     "(so --noise-seed, --client-stats and --noise-multiplier 0 need allow-nonprivate = true)"
 )
 
@@ -116,7 +116,7 @@ def _deploy_parser(sub) -> None:
         action="store_true",
         required=True,
         help="start the SuperLink and SuperNodes as processes on free loopback ports (required: "
-        "for Docker, see docker-compose.yml and the README)",
+        "for Docker, see docker-compose.yml and docs/deployment/compose.md)",
     )
     dep.add_argument("--tls", action="store_true", help="make a private CA and run every connection over TLS")
     dep.add_argument(

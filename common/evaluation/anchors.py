@@ -23,7 +23,7 @@ DPDM 85.6% on Fashion-MNIST at ε = 10) come from one protocol, read from their 
 
 ``dpimagebench`` is that recipe exactly (ResNet-110, WRN-40-4, ResNeXt-29 8x64d, 50 epochs, FID on
 60,000): a GPU's work. ``dpimagebench-cpu`` keeps everything but the networks' size, the epochs and the
-FID's N, to fit 2 CPU cores (the README states how far its figures sit from the full recipe's).
+FID's N, to fit 2 CPU cores (docs/evaluation.md states how far its figures sit from the full recipe's).
 """
 
 from __future__ import annotations

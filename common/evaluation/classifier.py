@@ -1,7 +1,7 @@
 """A small digit/letter classifier trained by the project, and the scores computed from it.
 
 The TF-FID Inception network sees 28x28 handwriting as tiny, upsampled natural images, so the
-evaluation also uses a classifier trained on the real data set itself (README, "Evaluation"):
+evaluation also uses a classifier trained on the real data set itself (docs/evaluation.md):
 
 - its softmax gives the Inception Score (Salimans et al. 2016) of generated samples, the
   "IS on a classifier trained on the real data" that the GS-WGAN and DP-GAN papers report;

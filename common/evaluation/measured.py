@@ -61,7 +61,7 @@ def measured_sentence(method: str, epsilon: float | None) -> str:
     """What the frontier measured for ``method`` near ``epsilon``, or where to look when it has not."""
     point = nearest(method, epsilon) if epsilon is not None else None
     if point is None:
-        return "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
+        return "the frontier (docs/frontier.md) shows what quality each ε bought (bench/results/frontier-*.md)"
     return (
         f"measured here: {method} at ε {point.epsilon:g} reached {point.gen2real:.1%} gen2real on Fashion-MNIST "
         f"(chance 10%; bench/results/{point.source}.md, which holds its command and the other ε)"

@@ -5,7 +5,7 @@ display, no global figure registry and no backend switch for the rest of the pro
 PNG atomically (temporary file + rename, so a reader never sees half an image) and returns its path.
 
 Inputs are the plain dicts of the run directory (``summary.json``, ``metrics.jsonl`` rows): keys
-may be missing and ε may be ``null`` (unbounded against an untrusted server: README, "Privacy accounting"), and every
+may be missing and ε may be ``null`` (unbounded against an untrusted server: docs/privacy.md), and every
 function draws what it has instead of failing on a partial run.
 """
 

@@ -2,7 +2,7 @@
 
 The page is self-contained (inline CSS, PNGs embedded as base64 data URIs) so it can be mailed or
 archived alone. Every string that comes from a file (notes, the privacy statement, labels) is
-HTML-escaped. The headline follows the README's "Privacy accounting": the method's headline ε first
+HTML-escaped. The headline follows docs/privacy.md ("Each method's headline ε"): the method's headline ε first
 (per client against an untrusted server where it has one), with δ and the accounting rule; the
 amplified ε only beside it, labelled as an assumption about the server.
 

@@ -6,7 +6,7 @@ side is decoded and validated here before it touches a model: a wrong shape or d
 oversized or corrupt payload becomes a ``PayloadError`` naming the field and the cause, never a
 crash deep inside autograd.
 
-Encodings (the "lean wire", README "Communication cost"), each named by a tag that travels with the array:
+Encodings (the "lean wire", docs/methods/gswgan.md), each named by a tag that travels with the array:
 
 - ``uint8``: generated samples quantized to 8-bit levels ``round(255 x)``. The generator's output
   is public, so quantizing it is no privacy question; the client computes its gradient w.r.t. the

@@ -31,6 +31,6 @@ def mark_private(folder: str | Path, holds: str) -> Path:
             "PRIVATE: never publish, share or upload this folder or anything in it.\n"
             f"It holds {holds}.\n"
             "What may be released: the generator (checkpoint.pt's released_generator), samples/ and the "
-            "reports (see privacy.json's do_not_publish and the README, 'What must never be published').\n"
+            "reports (see privacy.json's do_not_publish and docs/privacy.md, 'What must never be published').\n"
         )
     return marker

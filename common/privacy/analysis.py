@@ -6,7 +6,7 @@ sensitivity, each run included with probability ``sample_rate``. Heterogeneous e
 summing their Rényi-DP curves (RDP composition, Mironov 2017, Prop. 1) or by convolving their
 privacy-loss distributions (PRV, Gopi et al. 2021).
 
-GS-WGAN (README, "Privacy accounting"): one answered query releases B per-sample outputs, each with L2 sensitivity
+GS-WGAN (docs/privacy.md): one answered query releases B per-sample outputs, each with L2 sensitivity
 2C and noise std 2σC, all computed from the same private discriminator. Stacked, they are one
 Gaussian mechanism whose sensitivity is √B·2C, so its noise multiplier is ``σ/√B``
 (:func:`query_noise_multiplier`). Composing the B samples as separate subsampled mechanisms (the

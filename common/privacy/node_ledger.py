@@ -24,7 +24,7 @@ the releases and the latest link, written after the ledger) records how far it g
 content does not hash to its link, behind its counter, with another link at the same count, or
 missing while the counter exists, is refused; the node's shell also checks it against
 the client state on the same disk (``client/node.py``). What no local record can catch is every
-file rolled back together (that needs a monotonic counter outside the disk); the README says so.
+file rolled back together (that needs a monotonic counter outside the disk); docs/privacy.md says so.
 """
 
 from __future__ import annotations

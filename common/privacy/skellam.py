@@ -30,7 +30,7 @@ whatever the data: so each release is (ε, δ + d·RELEASE_TAIL)-DP where the un
 δ per Skellam release before converting RDP to ε. ``wrap_probability`` is the plain-arithmetic
 bound, for a sum that is not range-checked (the benchmarks). Not in δ: the shares are drawn with
 NumPy's floating-point Poisson sampler (PTRS), whose distance from the exact Poisson at λ ≈ 10⁹ is
-not bounded here (an exact integer sampler at that λ is an open item, README "Secure aggregation").
+not bounded here (an exact integer sampler at that λ is an open item, docs/secure-aggregation.md).
 """
 
 from __future__ import annotations

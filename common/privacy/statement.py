@@ -199,7 +199,7 @@ def protected(kind: str) -> str:
     return kind
 
 
-FRONTIER = "the README's privacy-utility frontier shows what quality each ε bought (bench/results/frontier-*.md)"
+FRONTIER = "the frontier (docs/frontier.md) shows what quality each ε bought (bench/results/frontier-*.md)"
 
 
 def epsilon_meaning(

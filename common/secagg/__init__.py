@@ -7,7 +7,7 @@ Flower's ``pseudo_rand_gen`` is not used: it folds its seed to 32 bits and draws
 the sign of a pairwise mask, the EC key encodings and the plaintext of an encrypted share. The
 cryptographic primitives (ECDH + HKDF key agreement, Fernet, Shamir) are Flower's; the shells call
 them (``client/secure_sum.py``, ``server/secure_sum.py``). The protocol and its threat model are
-described in the README ("Secure aggregation (protocol)").
+described in docs/secure-aggregation.md.
 """
 
 from __future__ import annotations

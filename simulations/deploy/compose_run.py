@@ -1,11 +1,11 @@
-"""Drive the Docker Compose deployment the way the README's Docker section does, from Python.
+"""Drive the Docker Compose deployment the way docs/deployment/compose.md does, from Python.
 
 The compose test (tests/deployment/test_compose_up.py) and the latency benchmark
 (bench/deploy_latency.py --compose) run exactly these commands: `docker-compose up -d` of the plain
 file or the TLS overlay, `flwr run . <federation> --stream --run-config ...`, `flwr ls --format
 json`, and `docker-compose down -v`; a Docker engine (DOCKER_HOST) and the images must be there
 (deploy/offline/dockerd.sh and build-images.sh where no engine runs and no registry is reachable).
-``ComposeAcrossHosts`` does the same for the README's "Across hosts with Docker Compose", both hosts'
+``ComposeAcrossHosts`` does the same for docs/deployment/hosts.md's "With Docker Compose", both hosts'
 projects on one engine.
 """
 
@@ -94,7 +94,7 @@ class ComposeDeployment:
         self.dataplane_port = env_file()["DATAPLANE_PORT"]
         self.nodes_project = self.project  # the project whose volumes hold the nodes' state
 
-    # ---- the README's commands --------------------------------------------------------------
+    # ---- the documented commands --------------------------------------------------------------
     def up(self, *, tls: bool) -> None:
         """`docker-compose [-f base -f tls] up -d`; with TLS, certificates are generated first (a
         missing mounted file would become a directory) and server.key given to uid 49999."""
@@ -108,7 +108,7 @@ class ComposeDeployment:
 
     def _wait_for_superlink(self, timeout_s: float) -> None:
         """`up -d` returns once the containers exist; the SuperLink answers `flwr ls` a few seconds
-        later (the README's `flwr run` right after `up` would otherwise find nothing listening)."""
+        later (the documented `flwr run` right after `up` would otherwise find nothing listening)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -125,7 +125,7 @@ class ComposeDeployment:
 
     @property
     def federation(self) -> str:
-        """The `flwr` connection the README configures for the files in use."""
+        """The `flwr` connection docs/deployment/compose.md configures for the files in use."""
         return "docker-tls" if compose.TLS_FILE in self.files else "docker"
 
     def flwr_run(self, name: str, **config: object) -> dict:
@@ -184,7 +184,7 @@ class ComposeDeployment:
 
 @dataclass
 class ComposeAcrossHosts(ComposeDeployment):
-    """The README's "Across hosts" with Docker on one engine: the server host's project
+    """docs/deployment/hosts.md's "With Docker Compose" on one engine: the server host's project
     (docker-compose.yml + TLS overlay + docker-compose.server.yml: superlink and serverapp only) and a
     node host's project (docker-compose.nodes.yml) with networks of their own, so the nodes reach
     the server only by address: its network's gateway, where the server publishes its two ports (a

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m simulations.deploy.pki",
         description="Make the CA, the server certificate and the SuperNode keys of a deployment across "
-        "hosts, one folder per host (copy each to its host; see the README's 'Across hosts').",
+        "hosts, one folder per host (copy each to its host; see docs/deployment/hosts.md).",
     )
     parser.add_argument("--out", type=Path, required=True, help="a new (or empty) folder this process can write")
     parser.add_argument(

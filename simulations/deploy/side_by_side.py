@@ -1,6 +1,6 @@
 """Two local TLS + auth deployments run at the same time: SuperNodes on loopback and on hosts of their own.
 
-The README's "Across hosts" recipe on one machine: one deployment's SuperNodes live in network
+The recipe of docs/deployment/hosts.md on one machine: one deployment's SuperNodes live in network
 namespaces of their own (netns.py) and dial the server's bridge address; the other's dial loopback.
 Both runs go at once so the machine's other load weighs on both alike (one after the other it does
 not). ``tests/deployment/test_hosts.py`` checks what each observed (peers, bytes, ε);

@@ -2,7 +2,7 @@
 
 No engine runs here, so these tests check what can be checked statically: the committed files
 are the generator's output, Debian's docker-compose 1.29 accepts every file combination, the
-topology it resolves is the one the README's "Deploying with Docker Compose" describes (checked on its resolved config,
+topology it resolves is the one docs/deployment/compose.md describes (checked on its resolved config,
 not on our templates), and the certificate script makes a chain `openssl verify` accepts.
 """
 

@@ -2,7 +2,7 @@
 
 ``docker-compose.server.yml`` (on top of the base file and the TLS overlay, on the server host) and
 ``docker-compose.nodes.yml`` (alone, on a node host) must be what docker-compose 1.29 accepts, and
-resolve to the topology the README's "Across hosts" describes: nodes that dial the server host by
+resolve to the topology docs/deployment/hosts.md describes: nodes that dial the server host by
 address with TLS and their own key, the server's SuperLink authenticating them and its data plane
 published. ``pki.make_hosts`` must lay out exactly the files those mounts name. The files also run
 for real, on one engine, in test_compose_up.py.

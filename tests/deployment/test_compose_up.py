@@ -1,11 +1,11 @@
-"""The Docker Compose deployment, started for real: the README's Docker commands, run in order.
+"""The Docker Compose deployment, started for real: docs/deployment/compose.md's commands, run in order.
 
 A Docker engine of our own starts (deploy/offline/dockerd.sh), the images are built without a
 registry (deploy/offline/build-images.sh: a Debian base from mmdebstrap, stand-ins for Flower's
 images, ours from the unchanged Dockerfile), and then, as a user would: `docker-compose up` of the
 plain file, a short GS-WGAN run with `flwr run` (plaintext data plane on the private compose
 network), `down -v`, the same with the TLS overlay (data plane over TLS), `down -v`, and the
-engine stops. Then the README's "Across hosts with Docker Compose": the server host's project and
+engine stops. Then docs/deployment/hosts.md's "With Docker Compose": the server host's project and
 the node host's docker-compose.nodes.yml as two projects, the nodes dialing the server by address.
 Each run's per-client queries, ε and bytes must equal the same configuration's in-process
 simulation, every run must have gone through the gRPC data plane, and each node's state must stay
@@ -124,7 +124,7 @@ def test_compose_plain_then_tls_matches_the_simulation(engine, simulation, tmp_p
 
 
 def test_compose_across_hosts_on_one_engine(engine, simulation, tmp_path):
-    """The README's "Across hosts" with Docker: the server host's project (base + TLS + server overlay,
+    """docs/deployment/hosts.md with Docker: the server host's project (base + TLS + server overlay,
     superlink and serverapp only) and the node host's docker-compose.nodes.yml as a second project
     with a network of its own, its SuperNodes dialing the server by address with TLS and their own
     registered keys. The run equals the simulation, the nodes share no network with the server, and

@@ -1,4 +1,4 @@
-"""SuperNodes on hosts of their own: the README's "Across hosts" recipe on one machine.
+"""SuperNodes on hosts of their own: docs/deployment/hosts.md's recipe on one machine.
 
 Each SuperNode runs in its own network namespace, plugged into the server's bridge (netns.py), so it
 dials the SuperLink and the ServerApp's data plane at the server's address, which is not loopback,

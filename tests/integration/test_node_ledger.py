@@ -1,4 +1,4 @@
-"""One node, one ledger (README, "A node's own privacy policy"): every method's releases from a node
+"""One node, one ledger (docs/privacy.md, "One node, one ledger"): every method's releases from a node
 compose in the ledger the node keeps where its own configuration says, and its budget is checked
 there, across runs."""
 

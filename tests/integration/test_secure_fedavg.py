@@ -83,7 +83,7 @@ def test_a_target_epsilon_run_lasts_every_round_and_spends_each_clients_share(tm
 
 def test_a_non_finite_delta_is_zeroed_on_the_node_and_the_round_goes_on(tmp_path, monkeypatch) -> None:
     """Audit 4, item 7: a diverged local step (NaN and inf in the delta) made the client fail; the
-    README says it is zeroed on the client. Now every coordinate that is not finite is zeroed before
+    documentation says it is zeroed on the client. Now every coordinate that is not finite is zeroed before
     clipping and rounding, the client deposits, and the sums reveal finite deltas."""
     import torch
 

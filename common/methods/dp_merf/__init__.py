@@ -2,7 +2,7 @@
 
 Why it is here: GS-WGAN spends a client's budget on every query it answers, so at an honest
 per-client ε the noise per generator step only falls as the federation grows, and every client of a
-large federation needs a trained discriminator (README, "Privacy–utility frontier"). DP-MERF spends
+large federation needs a trained discriminator (docs/frontier.md). DP-MERF spends
 it once: each client releases a single noisy summary of its data and never speaks again; the
 generator is then fitted to the average of those summaries on the server, as post-processing.
 

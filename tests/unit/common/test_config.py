@@ -134,7 +134,7 @@ def test_make_run_is_the_quickstart_file_gswgan_seeded_through_secure_sums_at_a_
     assert cfg.partition == "writer" and cfg.num_clients >= 1000
     gswgan = ExperimentConfig.from_toml(ROOT / "simulations" / "configs" / "quickstart-gswgan.toml")
     # GS-WGAN's best unseeded configuration keeps ε 100, where it was measured: even there it does not
-    # learn class structure (README, quick start)
+    # learn class structure (docs/getting-started.md)
     assert gswgan.strategy == "gswgan" and gswgan.target_epsilon == 100 >= cfg.target_epsilon
 
 
