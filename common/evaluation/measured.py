@@ -27,7 +27,10 @@ MEASURED: dict[str, tuple[Measured, ...]] = {
         Measured(1.0, 0.0455, "frontier-secure-gswgan-fashion-mnist-cpu"),
         Measured(10.0, 0.3075, "frontier-secure-gswgan-fashion-mnist-cpu"),
     ),
-    "gswgan seeded by dp-merf": (Measured(10.0, 0.7280, "frontier-seeded-fashion-mnist-cpu"),),
+    "gswgan seeded by dp-merf": (
+        Measured(1.0, 0.6120, "frontier-seeded-e1-fashion-mnist-cpu"),
+        Measured(10.0, 0.7280, "frontier-seeded-fashion-mnist-cpu"),
+    ),
     "dpgan": (
         Measured(1.0, 0.5410, "frontier-fashion-mnist-cpu"),
         Measured(10.0, 0.6660, "frontier-fashion-mnist-cpu"),
