@@ -33,10 +33,16 @@ def quality_warnings(eval_result: dict[str, Any], *, num_classes: int | None) ->
     return warnings
 
 
+def classifier_scores(entry: dict[str, Any]) -> dict[str, float | None]:
+    """An accuracy entry's figure per classifier (eval.json's ``{"cnn": .., "mlp": ..}``), without its
+    provenance (``data``, ``publishable``) or sample counts: what the table prints and the warning reads."""
+    return {k: v for k, v in entry.items() if (v is None or type(v) in (int, float)) and not k.startswith("num_")}
+
+
 def _best_gen2real(entry: Any) -> float | None:
-    """The best classifier's accuracy (eval.json's ``{"cnn": .., "mlp": ..}``, provenance aside)."""
+    """The best classifier's accuracy."""
     if isinstance(entry, dict):
-        scores = [v for k, v in entry.items() if type(v) in (int, float) and not k.startswith("num_")]
+        scores = [v for v in classifier_scores(entry).values() if v is not None]
         return max(scores) if scores else None
     return float(entry) if type(entry) in (int, float) else None
 

@@ -29,7 +29,7 @@ from PIL import Image
 
 from common.evaluation.beside import epsilon_captions
 from common.evaluation.plots import client_epsilons, finite_or_none, format_bytes
-from common.evaluation.quality import quality_warnings
+from common.evaluation.quality import classifier_scores, quality_warnings
 from common.evaluation.report_audit import audit_rows, read_audit, read_json
 from common.evaluation.report_text import escape as _e
 from common.evaluation.report_text import number as _num
@@ -100,9 +100,8 @@ def _format_value(value: Any, kind: str) -> str:
             mean, std = (list(value) + [None, None])[:2]
             return _num(mean) + ("" if finite_or_none(std) is None else f" ± {_num(std, '.2g')}")
     if kind == "accuracy":
-        if isinstance(value, dict):  # one figure per classifier; eval.json's provenance (data, publishable) is none
-            scores = {name: v for name, v in value.items() if v is None or type(v) in (int, float)}
-            return " · ".join(f"{name.upper()} {_percent(v)}" for name, v in scores.items())
+        if isinstance(value, dict):
+            return " · ".join(f"{name.upper()} {_percent(v)}" for name, v in classifier_scores(value).items())
         return _percent(value)
     if isinstance(value, (dict, list)):
         return json.dumps(value, default=str)
