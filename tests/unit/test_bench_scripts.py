@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import ROOT
 
@@ -271,3 +272,30 @@ def test_gpu_protocol_runs_carries_slim_runs_and_takes_back_only_the_protocol_fi
     assert local == {"fid": {"value": 119.0}, "protocol": got}
     assert "protocol" not in json.loads((runs[1] / "eval.json").read_text())
     assert (runs[1] / "protocol-gpu.log").read_text().startswith("Traceback")
+
+
+def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, monkeypatch, capsys):
+    """The warm-start benchmark on a tiny seeded run directory (config.json and a seed start whose
+    critic the bench derives, as a run would): each arm's answers are compared with an independent
+    reference, and the seed critic's arm answers differently from scratch at n = 0 (it was loaded)."""
+    from common.data import num_classes_for
+    from common.io.tensor_files import save_tensors
+    from common.learning.models import build_generator
+    from common.methods.seeding import SeedStart
+    from tests.helpers import tiny_cfg
+
+    module = load_bench(ROOT / "bench" / "critic_warm_start.py", monkeypatch)
+    cfg = tiny_cfg(tmp_path, num_clients=4, init_release="dp-merf", init_epsilon=2.0, target_epsilon=10.0)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    G = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes_for(cfg))
+    save_tensors(SeedStart(G.state_dict(), torch.zeros(1), 4).state_dict(), tmp_path / "seed_start.pt")
+    out = tmp_path / "cws.json"
+    argv = ["--run", str(tmp_path), "--clients", "2", "--grid", "0,3", "--reference", "6", "--out", str(out)]
+    assert module.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["clients"] == [0, 2] and len(result["ceilings"]) == 2
+    for arm in ("scratch", "critic"):
+        assert set(result["agreement"][arm]) == {"0", "3"}
+        assert all(-1.0 <= v <= 1.0 for v in result["per_client"][arm]["0"])
+    assert result["per_client"]["scratch"]["0"] != result["per_client"]["critic"]["0"]
+    assert "critic_warm_start: ceiling" in capsys.readouterr().out
