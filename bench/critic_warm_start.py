@@ -17,7 +17,9 @@ run's seed critic, as a seeded run; ``--critic-steps N`` derives that critic aga
 ``--init-critic-steps N`` would, and ``--lr-d`` sets the clients' and the critic's learning rate).
 The summary names, per arm, the fewest iterations of the grid whose agreement reaches
 ``--fraction`` (0.9) of the ceiling; the cosine at n = 0 is what a client answering with no warm
-start at all sends. It runs on one thread (the critic is small; it is meant to run beside a training).
+start at all sends. ``between_clients`` is the same cosine between distinct clients' answers: what
+of the m answers a step's sum adds up coherently. It runs on one thread (the critic is small; it is
+meant to run beside a training).
 
     PYTHONPATH=. python bench/critic_warm_start.py --run RUN [--clients 6] [--grid 0,5,20,50,200]
         [--reference 2000] [--lr-d 1e-3] [--critic-steps 2000]
@@ -115,11 +117,19 @@ def agreement(a: Tensor, b: Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12).mean())
 
 
+def between(answers: list[Tensor]) -> float:
+    """Mean agreement of distinct clients' answers to the same query: how much of the m answers a
+    secure sum adds up coherently (near 0: their sum grows as sqrt(m), its noise does not shrink)."""
+    pairs = [(a, b) for i, a in enumerate(answers) for b in answers[i + 1 :]]
+    return sum(agreement(a, b) for a, b in pairs) / len(pairs) if pairs else float("nan")
+
+
 def measure(cfg: ExperimentConfig, start: SeedStart, args: argparse.Namespace) -> dict:
     x, y = query(cfg, start)
     step = max(cfg.num_clients // args.clients, 1)
     ids = [i * step for i in range(args.clients)]
     rows: dict[str, dict[int, list[float]]] = {"scratch": {}, "critic": {}}
+    answers: dict[str, dict[int, list[Tensor]]] = {"scratch": {}, "critic": {}}
     ceilings, seconds = [], {"scratch": 0.0, "critic": 0.0}
     for cid in ids:
         ref = [warmed_answer(cfg, cid, args.reference, x, y, critic=None, stream=s) for s in REFERENCE_STREAMS]
@@ -130,6 +140,7 @@ def measure(cfg: ExperimentConfig, start: SeedStart, args: argparse.Namespace) -
                 got = warmed_answer(cfg, cid, n, x, y, critic=critic, stream=None)
                 seconds[arm] += time.perf_counter() - t0
                 rows[arm].setdefault(n, []).append(agreement(got, ref[0]))
+                answers[arm].setdefault(n, []).append(got)
         print(
             f"client {cid}: ceiling {ceilings[-1]:.3f}, "
             + ", ".join(f"{arm} n={n} {rows[arm][n][-1]:.3f}" for arm in rows for n in (args.grid[0], args.grid[-1])),
@@ -145,6 +156,7 @@ def measure(cfg: ExperimentConfig, start: SeedStart, args: argparse.Namespace) -
         "agreement": {arm: {str(n): v for n, v in m.items()} for arm, m in means.items()},
         "per_client": {arm: {str(n): v for n, v in by_n.items()} for arm, by_n in rows.items()},
         "needed": needed,
+        "between_clients": {arm: {str(n): between(a) for n, a in by_n.items()} for arm, by_n in answers.items()},
         "arm_seconds": seconds,
     }
 

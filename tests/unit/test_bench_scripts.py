@@ -298,4 +298,5 @@ def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, mo
         assert set(result["agreement"][arm]) == {"0", "3"}
         assert all(-1.0 <= v <= 1.0 for v in result["per_client"][arm]["0"])
     assert result["per_client"]["scratch"]["0"] != result["per_client"]["critic"]["0"]
+    assert all(-1.0 <= v <= 1.0 for arm in ("scratch", "critic") for v in result["between_clients"][arm].values())
     assert "critic_warm_start: ceiling" in capsys.readouterr().out
