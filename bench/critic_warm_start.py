@@ -14,7 +14,8 @@ compared with each other give the ceiling: how closely two fully warmed discrimi
 
 Arms: ``scratch`` (D from its per-client seed, as an unseeded run) and ``critic`` (D loaded from the
 run's seed critic, as a seeded run; ``--critic-steps N`` derives that critic again with N steps, as
-``--init-critic-steps N`` would, and ``--lr-d`` sets the clients' and the critic's learning rate).
+``--init-critic-steps N`` would, and must for a run that trained none; ``--lr-d`` sets the clients'
+learning rate and, so derived, the critic's).
 The summary names, per arm, the fewest iterations of the grid whose agreement reaches
 ``--fraction`` (0.9) of the ceiling; the cosine at n = 0 is what a client answering with no warm
 start at all sends. ``between_clients`` is the same cosine between distinct clients' answers: what
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from common.client_state import ClientState, new_state  # noqa: E402
 from common.data import num_classes_for  # noqa: E402
 from common.io.tensor_files import load_tensors  # noqa: E402
+from common.learning.losses import generator_sample_grads  # noqa: E402
 from common.learning.models import build_discriminator, build_generator, sample_latent  # noqa: E402
 from common.methods import ExperimentConfig  # noqa: E402
 from common.methods.gswgan.critic import start_from_critic, warm_start  # noqa: E402
@@ -57,16 +59,21 @@ QUERY_STREAM = 0x0A11  # the fixed query's latents and labels
 REFERENCE_STREAMS = (0x5EF1, 0x5EF2)  # the two references' D weights and data order
 
 
-def load_seed(run: Path) -> tuple[ExperimentConfig, SeedStart]:
-    """The run's config and its seed start (the critic derived again when the run trained none)."""
+def load_seed(run: Path, *, lr_d: float | None, critic_steps: int | None) -> tuple[ExperimentConfig, SeedStart]:
+    """The run's config (``lr_d`` replacing its critics' learning rate) and its seed start; with
+    ``critic_steps`` the seed critic is derived again, as ``--init-critic-steps`` would, once."""
     _, cfg = RunDirectory.open_existing(run)
+    if lr_d is not None:
+        cfg = dataclasses.replace(cfg, lr_d=lr_d)
     path = run / START_FILE
     if not path.is_file():
         raise SystemExit(f"{run} has no {START_FILE}: not a seeded run (see --init-release)")
     start = SeedStart.from_state_dict(load_tensors(path))
-    if start.critic is None:
-        cfg = dataclasses.replace(cfg, init_critic_steps=cfg.init_critic_steps or 200)
+    if critic_steps is not None:
+        cfg = dataclasses.replace(cfg, init_critic_steps=critic_steps)
         start.critic = server_critic(cfg, start, num_classes_for(cfg))
+    if start.critic is None:
+        raise SystemExit(f"{run} trained no seed critic (--init-critic-steps 0): pass --critic-steps N")
     return cfg, start
 
 
@@ -80,13 +87,6 @@ def query(cfg: ExperimentConfig, start: SeedStart) -> tuple[Tensor, Tensor]:
     y = torch.randint(nc, (cfg.batch_size,), generator=rng)
     with torch.no_grad():
         return G(sample_latent(cfg.batch_size, cfg.z_dim, generator=rng), y), y
-
-
-def answer(state: ClientState, x: Tensor, y: Tensor) -> Tensor:
-    """The per-sample gradients of the generator loss -D(x, y) w.r.t. the samples, [B, pixels]."""
-    x = x.clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(-state.discriminator(x, y).sum(), x)
-    return grad.flatten(1)
 
 
 def client(cfg: ExperimentConfig, cid: int, *, critic: dict[str, Tensor] | None, stream: int | None) -> ClientState:
@@ -105,11 +105,20 @@ def client(cfg: ExperimentConfig, cid: int, *, critic: dict[str, Tensor] | None,
 
 
 def warmed_answer(
-    cfg: ExperimentConfig, cid: int, steps: int, x: Tensor, y: Tensor, **kw: dict[str, Tensor] | int | None
+    cfg: ExperimentConfig,
+    cid: int,
+    steps: int,
+    x: Tensor,
+    y: Tensor,
+    *,
+    critic: dict[str, Tensor] | None,
+    stream: int | None,
 ) -> Tensor:
-    state = client(cfg, cid, **kw)
+    """The client's answer to the query after ``steps`` warm-start iterations: its per-sample
+    gradients of -D(x, y), flattened to [B, pixels] (before clipping and noise)."""
+    state = client(cfg, cid, critic=critic, stream=stream)
     warm_start(state, cfg, steps=steps)
-    return answer(state, x, y)
+    return generator_sample_grads(state.discriminator, x, y).flatten(1)
 
 
 def agreement(a: Tensor, b: Tensor) -> float:
@@ -176,12 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.grid = sorted({int(n) for n in args.grid.split(",")})
     torch.set_num_threads(1)
-    cfg, start = load_seed(args.run)
-    if args.lr_d is not None:
-        cfg = dataclasses.replace(cfg, lr_d=args.lr_d)
-    if args.critic_steps is not None:  # the server's critic derived again, as --init-critic-steps N would
-        cfg = dataclasses.replace(cfg, init_critic_steps=args.critic_steps)
-        start.critic = server_critic(cfg, start, num_classes_for(cfg))
+    cfg, start = load_seed(args.run, lr_d=args.lr_d, critic_steps=args.critic_steps)
     result = {
         "bench": "critic_warm_start",
         "run": str(args.run),

@@ -275,9 +275,10 @@ def test_gpu_protocol_runs_carries_slim_runs_and_takes_back_only_the_protocol_fi
 
 
 def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, monkeypatch, capsys):
-    """The warm-start benchmark on a tiny seeded run directory (config.json and a seed start whose
-    critic the bench derives, as a run would): each arm's answers are compared with an independent
-    reference, and the seed critic's arm answers differently from scratch at n = 0 (it was loaded)."""
+    """The warm-start benchmark on a tiny seeded run directory (config.json and a seed start without a
+    critic, which the bench derives with --critic-steps, as a run would): each arm's answers are
+    compared with an independent reference, and the seed critic's arm answers differently from
+    scratch at n = 0 (it was loaded)."""
     from common.data import num_classes_for
     from common.io.tensor_files import save_tensors
     from common.learning.models import build_generator
@@ -290,7 +291,8 @@ def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, mo
     G = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes_for(cfg))
     save_tensors(SeedStart(G.state_dict(), torch.zeros(1), 4).state_dict(), tmp_path / "seed_start.pt")
     out = tmp_path / "cws.json"
-    argv = ["--run", str(tmp_path), "--clients", "2", "--grid", "0,3", "--reference", "6", "--out", str(out)]
+    argv = ["--run", str(tmp_path), "--clients", "2", "--grid", "0,3", "--reference", "6", "--critic-steps", "2"]
+    argv += ["--out", str(out)]
     assert module.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["clients"] == [0, 2] and len(result["ceilings"]) == 2
