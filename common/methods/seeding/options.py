@@ -44,7 +44,7 @@ class Options:
         200,
         "seed stage: WGAN-GP steps of the critic the server trains on the seed generator's samples (public: "
         "post-processing of the release); each client's discriminator starts from it (0: from scratch). "
-        "Measured: worth at most ~20 iterations of a client's own warm start (--warmup-steps), which it "
+        "Measured: worth at most a few tens of iterations of a client's own warm start (--warmup-steps), which it "
         "does not replace (bench/results/critic-warm-start-synthetic.md)",
     )
     init_noise_multiplier: float = option(

@@ -4,8 +4,8 @@ All of it is post-processing of stage 1's release (costs no privacy): the genera
 fitted to the released embedding (its EMA, as stage 1 released it), the embedding itself (the GAN
 keeps fitting it beside the clients' gradients: ``SeedAnchor``), and a critic the server trains on
 that generator's samples (``server_critic``), from which each client's discriminator starts.
-Measured (``bench/critic_warm_start.py``): that start is worth at most ~20 iterations of a client's
-own warm start; the hundreds to a thousand it needs on its data stay (the server knows only the
+Measured (``bench/critic_warm_start.py``): that start is worth at most a few tens of iterations of a
+client's own warm start; the hundreds to a thousand it needs on its data stay (the server knows only the
 seed's samples, which its critic must call real).
 """
 
