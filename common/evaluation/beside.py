@@ -18,6 +18,15 @@ from dataclasses import dataclass
 AMPLIFIED_KIND = "amplified, trusted sampling"
 AMPLIFIED_LABEL = "trusted sampling (assumption)"
 AMPLIFIED_CAPTION = "the amplified ε, which assumes the server samples clients uniformly (trusted sampling)"
+# common/privacy/statement.py's KIND_PER_CLIENT (a test keeps them equal): the headline's kind of a summary
+# written before kinds were recorded, and of a run in the clear.
+HEADLINE_KIND = "per client, untrusted server"
+
+
+def headline_kind(summary: dict) -> str:
+    """What the run's headline ε is against (summary.json's ``epsilon_kind``), e.g. "per client,
+    server runs the secure sum": every figure that draws the headline names it in these words."""
+    return str(summary.get("epsilon_kind") or HEADLINE_KIND)
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ def epsilon_captions(summary: dict) -> dict[str, str]:
     beside = BesideFigure.of(summary)
     epsilon = (summary.get("epsilon_amplified") or {}).get("epsilon")
     drawn = isinstance(epsilon, (int, float)) and math.isfinite(epsilon)
-    kind = summary.get("epsilon_kind") or "per client, untrusted server"
+    kind = headline_kind(summary)
     return {
         "epsilon_per_client": f"ε {kind}: each client's own answered queries composed, no amplification."
         + (f" Dashed: {beside.caption}." if drawn else ""),

@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from common.evaluation.beside import AMPLIFIED_KIND, BesideFigure
+from common.evaluation.beside import AMPLIFIED_KIND, HEADLINE_KIND, BesideFigure, headline_kind
 
 DPI = 120
 MAX_BARS = 60  # above this many clients the per-client ε becomes a histogram
@@ -121,7 +121,7 @@ def plot_epsilon_per_client(summary: dict, path: Path) -> Path:
         notes.append(f"{len(unbounded)} unbounded (ε = ∞, raw updates visible to the server)")
     strategy = summary.get("strategy")
     ax.set_title(
-        f"ε {summary.get('epsilon_kind') or 'per client, untrusted server'} ({_delta_text(summary.get('delta'))}"
+        f"ε {headline_kind(summary)} ({_delta_text(summary.get('delta'))}"
         f"{', ' + str(strategy) if strategy else ''})\n" + " · ".join(notes),
         fontsize=11,
     )
@@ -216,11 +216,19 @@ NO_CRITIC_HINT = (
 )
 
 
-def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid", delta: float | None = None) -> Path:
+def plot_epsilon_vs_fid(
+    points: list[dict],
+    path: Path,
+    *,
+    metric: str = "fid",
+    delta: float | None = None,
+    kind: str = HEADLINE_KIND,
+) -> Path:
     """``metric`` of checkpoints of one run against the ε spent by then (max over clients).
 
     ``points`` are ``{"step", "epsilon_max", metric}`` (``delta`` may ride along in each point);
-    points where either value is missing or None are left out and counted in the title.
+    points where either value is missing or None are left out and counted in the title. ``kind`` is
+    the headline's (``headline_kind``): the axis says what the ε is against.
     """
     delta = delta if delta is not None else next((p["delta"] for p in points if "delta" in p), None)
     data = []
@@ -259,7 +267,7 @@ def plot_epsilon_vs_fid(points: list[dict], path: Path, *, metric: str = "fid", 
     if len(data) > 1 and min(eps) > 0 and max(eps) / min(eps) > 50:
         ax.set_xscale("log")
     ax.margins(x=0.15, y=0.15)
-    ax.set_xlabel("ε spent, max over clients (untrusted server)")
+    ax.set_xlabel(f"ε spent, max over clients ({kind.removeprefix('per client, ')})")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     if len(data) == 1:  # only the end of the run was evaluated: one point, say how to get a curve
@@ -280,10 +288,16 @@ def _series(metrics: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_training_curves(
-    metrics: list[dict], path: Path, *, delta: float | None = None, beside_kind: str = AMPLIFIED_KIND
+    metrics: list[dict],
+    path: Path,
+    *,
+    delta: float | None = None,
+    beside_kind: str = AMPLIFIED_KIND,
+    kind: str = HEADLINE_KIND,
 ) -> Path:
     """ε (max, median and the figure beside the headline, named by ``beside_kind``: summary.json's
-    ``epsilon_amplified.kind``) and the Wasserstein estimate against the generator step."""
+    ``epsilon_amplified.kind``) and the Wasserstein estimate against the generator step. The title
+    names the headline's ``kind`` (``headline_kind``): a secure run's is not "untrusted server"."""
     fig, axes = _new_figure(8, 6.5, nrows=2, sharex=True)
     ax_eps, ax_w = axes[0, 0], axes[1, 0]
     drawn = False
@@ -296,7 +310,7 @@ def plot_training_curves(
         if steps:
             ax_eps.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label, **style)
             drawn = True
-    ax_eps.set_title(f"Privacy spent ({_delta_text(delta)}; per-client ε, untrusted server)", fontsize=11)
+    ax_eps.set_title(f"Privacy spent ({_delta_text(delta)}; ε {kind})", fontsize=11)
     if drawn:
         ax_eps.legend(fontsize=9)
         ax_eps.set_ylabel("ε")

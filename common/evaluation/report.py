@@ -27,7 +27,7 @@ from typing import Any
 
 from PIL import Image
 
-from common.evaluation.beside import epsilon_captions
+from common.evaluation.beside import epsilon_captions, headline_kind
 from common.evaluation.plots import client_epsilons, finite_or_none, format_bytes
 from common.evaluation.quality import classifier_scores, quality_warnings
 from common.evaluation.report_audit import audit_rows, read_audit, read_json
@@ -221,7 +221,7 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
             + (", ".join(f"{k} = {_num(v)}" for k, v in mechanism.items()) or "n/a"),
         ),
         (
-            f"ε {get('epsilon_kind') or 'per client, untrusted server'} (δ = {_num(delta, 'g')}, {accountant})",
+            f"ε {headline_kind(summary)} (δ = {_num(delta, 'g')}, {accountant})",
             _epsilon_summary(summary),
         ),
         ("accounting rule", str(get("accounting", "n/a"))),

@@ -25,7 +25,7 @@ import torch
 
 from common.data import Dataset, data_root, load_dataset, num_classes_for
 from common.device import resolve_device
-from common.evaluation.beside import BesideFigure
+from common.evaluation.beside import BesideFigure, headline_kind
 from common.evaluation.classifier import (
     extract_features,
     inception_score,
@@ -295,15 +295,20 @@ def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict
     plots = {
         "epsilon_per_client": plot_epsilon_per_client(summary, folder / "epsilon_per_client.png"),
         "training_curves": plot_training_curves(
-            metrics, folder / "training_curves.png", delta=cfg.delta, beside_kind=BesideFigure.of(summary).kind
-        ),
-        "epsilon_vs_fid_domain": plot_epsilon_vs_fid(
-            result["curve"], folder / "epsilon_vs_fid_domain.png", metric="fid_domain", delta=cfg.delta
+            metrics,
+            folder / "training_curves.png",
+            delta=cfg.delta,
+            beside_kind=BesideFigure.of(summary).kind,
+            kind=headline_kind(summary),
         ),
     }
-    if result["fid"]["value"] is not None:
-        plots["epsilon_vs_fid"] = plot_epsilon_vs_fid(
-            result["curve"], folder / "epsilon_vs_fid.png", metric="fid", delta=cfg.delta
+    for metric in ("fid_domain", "fid")[: 1 + (result["fid"]["value"] is not None)]:
+        plots[f"epsilon_vs_{metric}"] = plot_epsilon_vs_fid(
+            result["curve"],
+            folder / f"epsilon_vs_{metric}.png",
+            metric=metric,
+            delta=cfg.delta,
+            kind=headline_kind(summary),
         )
     samples = sorted((run.path / "samples").glob("step-*.png"))
     if samples:

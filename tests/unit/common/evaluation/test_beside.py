@@ -41,7 +41,7 @@ def _drawn_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     def capture(fig, path):
         for ax in fig.axes:
             legend = ax.get_legend()
-            texts.extend([ax.get_title(), *(t.get_text() for t in ax.texts)])
+            texts.extend([ax.get_title(), ax.get_xlabel(), *(t.get_text() for t in ax.texts)])
             texts.extend(t.get_text() for t in (legend.get_texts() if legend else []))
         return save(fig, path)
 
@@ -65,8 +65,20 @@ def test_a_secure_runs_figure_is_the_deviating_servers_not_an_amplified_one(
 def test_a_secure_runs_training_curves_name_the_deviating_server(tmp_path: Path, monkeypatch) -> None:
     texts = _drawn_texts(monkeypatch)
     rows = [{"step": s, "privacy/epsilon_max": 10.0 * s, "privacy/epsilon_amplified": 16.0 * s} for s in (1, 2, 3)]
-    plots.plot_training_curves(rows, tmp_path / "curves.png", delta=DELTA, beside_kind=DEVIATING)
+    kind = plots.headline_kind(SECURE_SUMMARY)
+    plots.plot_training_curves(rows, tmp_path / "curves.png", delta=DELTA, beside_kind=DEVIATING, kind=kind)
     assert f"ε {DEVIATING}" in texts and not any("amplified" in t for t in texts), texts
+    assert any(t.startswith("Privacy spent") and "ε per client, server runs the secure sum" in t for t in texts), texts
+    assert not any("untrusted server" in t for t in texts), texts
+
+
+def test_a_secure_runs_epsilon_axis_names_the_secure_sum(tmp_path: Path, monkeypatch) -> None:
+    texts = _drawn_texts(monkeypatch)
+    points = [{"step": s, "epsilon_max": 2.0 * s, "fid": 100.0 / s} for s in (1, 2)]
+    plots.plot_epsilon_vs_fid(points, tmp_path / "fid.png", kind=plots.headline_kind(SECURE_SUMMARY))
+    assert "ε spent, max over clients (server runs the secure sum, no colluding client)" in texts, texts
+    plots.plot_epsilon_vs_fid(points, tmp_path / "clear.png", kind=plots.headline_kind({}))
+    assert "ε spent, max over clients (untrusted server)" in texts, texts
 
 
 def test_a_secure_runs_captions_claim_no_amplification(tmp_path: Path) -> None:
@@ -101,7 +113,8 @@ def test_the_amplified_figure_keeps_its_assumption(tmp_path: Path, monkeypatch) 
 
 
 def test_the_amplified_kind_is_the_one_summary_json_writes() -> None:
-    from common.evaluation.beside import AMPLIFIED_KIND
-    from common.privacy.statement import KIND_AMPLIFIED
+    from common.evaluation.beside import AMPLIFIED_KIND, HEADLINE_KIND
+    from common.privacy.statement import KIND_AMPLIFIED, KIND_PER_CLIENT
 
     assert AMPLIFIED_KIND == KIND_AMPLIFIED
+    assert HEADLINE_KIND == KIND_PER_CLIENT
