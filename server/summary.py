@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from common.evaluation.beside import headline_kind
 from common.evaluation.measured import SEEDED, measured_sentence
 from common.methods import ExperimentConfig, method
 from common.privacy.statement import DO_NOT_PUBLISH, epsilon_meaning
@@ -154,7 +155,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         eps_text = f"min {eps_sorted[0]:.4g} · median {float(np.median(eps_sorted)):.4g} · max {eps_sorted[-1]:.4g}"
     per_step = summary["comm"]["bytes_per_step"]
     amp = summary.get("epsilon_amplified", {})
-    kind = summary.get("epsilon_kind", "per client, untrusted server")
+    kind = headline_kind(summary)
     accountant = summary.get("accountant", "rdp").upper()
     if amp.get("epsilon") is not None and amp.get("sampling") in ("", "none"):  # no sampling to assume
         amp_text = f"{amp['epsilon']:.4g}  [{amp.get('kind', '')}]"

@@ -292,6 +292,7 @@ def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict
     folder = run.path / "plots"
     folder.mkdir(exist_ok=True)
     metrics = run.read_metrics()
+    kind = headline_kind(summary)
     plots = {
         "epsilon_per_client": plot_epsilon_per_client(summary, folder / "epsilon_per_client.png"),
         "training_curves": plot_training_curves(
@@ -299,16 +300,13 @@ def _plots(run: RunDirectory, cfg: ExperimentConfig, summary: dict, result: dict
             folder / "training_curves.png",
             delta=cfg.delta,
             beside_kind=BesideFigure.of(summary).kind,
-            kind=headline_kind(summary),
+            kind=kind,
         ),
     }
-    for metric in ("fid_domain", "fid")[: 1 + (result["fid"]["value"] is not None)]:
+    fid_metrics = ["fid_domain"] + (["fid"] if result["fid"]["value"] is not None else [])
+    for metric in fid_metrics:
         plots[f"epsilon_vs_{metric}"] = plot_epsilon_vs_fid(
-            result["curve"],
-            folder / f"epsilon_vs_{metric}.png",
-            metric=metric,
-            delta=cfg.delta,
-            kind=headline_kind(summary),
+            result["curve"], folder / f"epsilon_vs_{metric}.png", metric=metric, delta=cfg.delta, kind=kind
         )
     samples = sorted((run.path / "samples").glob("step-*.png"))
     if samples:
