@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from common.config import ConfigError, refuse_noise_with_target
-from common.methods import ExperimentConfig, prepare
+from common.methods import ExperimentConfig, prepare, schedule_notes
 
 EXIT_BAD_INPUT = 2
 RESUMABLE_OVERRIDES = {
@@ -100,6 +100,12 @@ def check_ray_placement(cfg: ExperimentConfig, transport: str) -> None:
         check_placement(cfg.ray_address, cfg.ray_actor_cpus, cfg.parallel_clients)
 
 
+def print_schedule_notes(cfg: ExperimentConfig) -> None:
+    """The method's notes on the calibrated schedule, before any training (they change nothing)."""
+    for note in schedule_notes(cfg):
+        print(f"fedgan: note: {note}", flush=True)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from common.data import DataError
     from server.reporting import RunDirectory, RunDirectoryError
@@ -119,6 +125,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"run directory: {run.path}", flush=True)
+    print_schedule_notes(cfg)
     from .experiments.simulate import simulate
 
     try:
@@ -155,6 +162,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except (ConfigError, DataError, DeployError, RunDirectoryError, ValueError) as err:
         print(f"fedgan: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    print_schedule_notes(cfg)
     try:
         return deploy_local(cfg, tls=args.tls, auth=args.auth, use_netns=args.netns, node_policy=policy)
     except DeployError as err:

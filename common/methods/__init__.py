@@ -192,6 +192,12 @@ def prepare(cfg: ExperimentConfig) -> ExperimentConfig:
     return calibrate(cfg, pooled_size=sum(sizes))
 
 
+def schedule_notes(cfg: ExperimentConfig) -> list[str]:
+    """The run's method on its calibrated schedule (``Method.schedule_notes``): printed as a run
+    starts, so budget the plan leaves unspent is seen before hours of training, not in the summary."""
+    return method(cfg.strategy).schedule_notes(cfg)
+
+
 __all__ = [
     "METHODS",
     "ExperimentConfig",
@@ -202,4 +208,5 @@ __all__ = [
     "method_of_message",
     "prepare",
     "run_terms",
+    "schedule_notes",
 ]

@@ -79,6 +79,11 @@ class MethodBase:
     def check_sizes(self, cfg: ExperimentConfig, sizes: list[int]) -> None:
         return None
 
+    def schedule_notes(self, cfg: ExperimentConfig) -> list[str]:
+        """What the user should know about the calibrated run's schedule before it starts (budget
+        its plan leaves unspent); printed, never enforced: default none."""
+        return []
+
     def node_ledger(self, cfg: ExperimentConfig, client_id: int, state_dir: str) -> PrivacyLedger | None:
         return None
 

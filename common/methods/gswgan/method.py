@@ -54,6 +54,9 @@ class GsWgan(MethodBase):
     ) -> ExperimentConfig:
         return privacy.calibrate(cfg, pooled_size=pooled_size, prior=prior)
 
+    def schedule_notes(self, cfg: ExperimentConfig) -> list[str]:
+        return [note] if (note := privacy.unspent_answers_note(cfg)) else []
+
     def client_critic_lr(self, cfg: ExperimentConfig) -> float | None:
         """Every client keeps its private D_k (and its Adam) across the run."""
         return cfg.lr_d

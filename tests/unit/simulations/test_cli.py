@@ -81,6 +81,17 @@ def test_simulate_prints_the_table_and_resume_rules(tmp_path, capsys):
     assert resumed_cfg["parallel_clients"] == 2 and resumed_cfg["ray_actor_cpus"] == 1
 
 
+def test_a_calibrated_run_says_before_training_which_steps_would_spend_the_budget_it_pays_for(tmp_path, capsys):
+    """3 clients, 1 a step, 2 steps at --target-epsilon: each client's budget is one answer, 2 of 3
+    are asked for; the note comes before the run's table and names the --steps that asks for all."""
+    flags = tiny_flags(steps=2, target_epsilon=10, out=tmp_path / "run")
+    assert main(["simulate", *flags, "--no-eval"]) == 0
+    printed = capsys.readouterr().out
+    note = next(line for line in printed.splitlines() if line.startswith("fedgan: note: "))
+    assert "asks for 2 answers" in note and "--steps 3 " in note
+    assert printed.index(note) < printed.index("wall time")
+
+
 def test_data_info_reports_partitions(capsys):
     assert main(["data", "info", "--num-clients", "4", "--synthetic-samples-per-writer", "40"]) == 0
     printed = capsys.readouterr().out
