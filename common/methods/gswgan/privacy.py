@@ -91,6 +91,12 @@ def planned_event(cfg: ExperimentConfig, batch_size: int) -> PrivacyEvent:
     return channel_for(cfg).events(cfg, release_spec(cfg, batch_size))[0]
 
 
+def answers_per_client(cfg: ExperimentConfig) -> int:
+    """Each client's expected share of the queries, ceil(T·m/K) (at least 1): what the calibration
+    gives every client the budget for."""
+    return max(math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants())), 1)
+
+
 def calibrate(
     cfg: ExperimentConfig, *, pooled_size: int | None = None, prior: Sequence[PrivacyEvent] = ()
 ) -> ExperimentConfig:
@@ -99,7 +105,7 @@ def calibrate(
     target also becomes the clients' budget, so one sampled more often than expected refuses
     instead of exceeding it."""
     target = cfg.target_epsilon
-    queries = max(math.ceil(cfg.steps * cfg.clients_per_step / len(cfg.participants())), 1)
+    queries = answers_per_client(cfg)
     channel = channel_for(cfg)
     per_query = smallest_noise(
         lambda nm: epsilon_after(channel, cfg, release_spec(cfg, noise_multiplier=nm), queries, prior), target
@@ -116,8 +122,7 @@ def unspent_answers_note(cfg: ExperimentConfig) -> str:
     Fashion-MNIST with secure sums, the seeded runs of 200 steps × 8 of K = 3,000 asked 1,600 of 3,000."""
     if cfg.target_epsilon <= 0:
         return ""
-    clients, m, steps = len(cfg.participants()), cfg.clients_per_step, cfg.steps
-    queries = max(math.ceil(steps * m / clients), 1)
+    clients, m, steps, queries = len(cfg.participants()), cfg.clients_per_step, cfg.steps, answers_per_client(cfg)
     full = queries * clients // m  # ceil(full·m/K) = queries again: the same σ
     if steps >= full:
         return ""

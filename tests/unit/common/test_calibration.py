@@ -21,12 +21,11 @@ def test_gswgan_expected_share_reaches_the_target_and_budget_enforces_it(target)
     assert eps(nm, 1.0, queries + 1) > target and cfg.client_epsilon_budget == target
 
 
-@pytest.mark.parametrize(("steps", "m", "full"), [(200, 8, 375), (7, 3, 13)])
-def test_gswgan_notes_the_answers_its_schedule_leaves_unspent_and_the_steps_that_spend_them(steps, m, full):
+@pytest.mark.parametrize(("steps", "m", "k", "full"), [(200, 8, 3000, 375), (7, 3, 20, 13)])
+def test_gswgan_notes_the_answers_its_schedule_leaves_unspent_and_the_steps_that_spend_them(steps, m, k, full):
     """K = 3,000, m 8, T 200 (the seeded frontier rows): each client may answer once, 1,600 of 3,000 are
     asked for; the note's --steps asks for all of them at the same σ, and then the note is gone (one
     step more is the next budget level, a larger σ, which the note names again)."""
-    k = 3000 if m == 8 else 20
     short = ExperimentConfig(steps=steps, clients_per_step=m, num_clients=k, target_epsilon=10.0)
     (note,) = schedule_notes(short)
     assert f"--steps {full} " in note and f"{steps * m:,} answers" in note
