@@ -302,3 +302,30 @@ def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, mo
     assert result["per_client"]["scratch"]["0"] != result["per_client"]["critic"]["0"]
     assert all(-1.0 <= v <= 1.0 for arm in ("scratch", "critic") for v in result["between_clients"][arm].values())
     assert "critic_warm_start: ceiling" in capsys.readouterr().out
+
+
+def test_stage2_from_seed_runs_stage_two_again_from_a_finished_seed(tmp_path, monkeypatch):
+    """A finished seeded run's seed stage is copied, not run again, and stage 2 runs under the changes."""
+    from simulations.cli import main as fedgan
+    from tests.helpers import tiny_flags
+
+    seeded = dict(
+        num_clients=4, clients_per_step=2, steps=2, warmup_steps=1, target_epsilon=10.0, init_release="dp-merf"
+    )
+    seeded |= dict(init_epsilon=2.0, init_steps=2, init_critic_steps=2, merf_features=20, merf_batch=4)
+    first = tmp_path / "first"
+    assert fedgan(["simulate", *tiny_flags(**seeded, out=first)]) == 0
+    module = load_bench(ROOT / "bench" / "stage2_from_seed.py", monkeypatch)
+    again = tmp_path / "again"
+    argv = ["--from", str(first), "--out", str(again), "--transport", "inprocess"]
+    assert module.main([*argv, "--set", "init_weight=7.5", "--set", "steps=3"]) == 0
+    cfg = json.loads((again / "config.json").read_text())
+    assert cfg["init_weight"] == 7.5 and cfg["steps"] == 3 and cfg["out"] == str(again)
+    assert (again / "seed" / "summary.json").read_text() == (first / "seed" / "summary.json").read_text()
+    summary = json.loads((again / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    stages = {s["stage"] for s in json.loads((again / "privacy.json").read_text())["stages"]}
+    assert stages == {"seed", "refinement", "total"}  # the copied seed is still accounted for
+    assert module.main([*argv]) == 2  # the new run exists now: refused, nothing overwritten
+    assert module.main(["--from", str(first), "--out", str(tmp_path / "x"), "--set", "no_such=1"]) == 2
+    assert not (tmp_path / "x").exists()
