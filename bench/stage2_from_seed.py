@@ -36,7 +36,7 @@ from common.methods import ExperimentConfig  # noqa: E402
 from common.methods.seeding import seeded  # noqa: E402
 from common.options import ConfigError  # noqa: E402
 from server.reporting import RunDirectory, RunDirectoryError  # noqa: E402
-from server.seeded import SEED_DIR, START_FILE  # noqa: E402
+from server.seeded import SEED_DIR, START_FILE, completed_summary  # noqa: E402
 from simulations.cli import main as fedgan  # noqa: E402
 
 
@@ -60,8 +60,7 @@ def clone(source: Path, out: Path, changes: dict[str, Any]) -> ExperimentConfig:
     _, old = RunDirectory.open_existing(source)
     if not seeded(old):
         raise ValueError(f"{source} is not a seeded run (--init-release none)")
-    summary = source / SEED_DIR / "summary.json"
-    if not summary.is_file() or json.loads(summary.read_text()).get("status") != "completed":
+    if completed_summary(RunDirectory(source / SEED_DIR)) is None:
         raise ValueError(f"{source}: its seed stage did not complete")
     cfg = ExperimentConfig.from_mapping({**old.to_dict(), **changes, "out": str(out)}, source="--set")
     RunDirectory.create(cfg)  # refuses an existing --out

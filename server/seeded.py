@@ -79,7 +79,7 @@ def run_seeded(
     """Stage 1 unless it completed, then stage 2 from it (each resumed where it has a checkpoint);
     returns stage 2's summary, or stage 1's with its status marked when it did not complete."""
     first_run, first = seed_run(run, cfg)
-    done = _completed_summary(first_run)
+    done = completed_summary(first_run)
     if done is None:
         # Before stage 1 (again on a resume: a node may have tightened its policy since), every node
         # checks the whole run against its policy (the total budget, stage 2's noise): one that admits
@@ -101,7 +101,8 @@ def run_seeded(
     return run_experiment(cfg, run, transport, resume=resume, transport_name=transport_name, stop=stop, prior=prior)
 
 
-def _completed_summary(first_run: RunDirectory) -> dict[str, Any] | None:
+def completed_summary(first_run: RunDirectory) -> dict[str, Any] | None:
+    """Stage 1's summary if it completed (then it is not run again), else None."""
     path = first_run.path / "summary.json"
     if not path.is_file():
         return None
@@ -176,4 +177,13 @@ def _fmt(eps: float | None) -> str:
     return "unbounded" if eps is None else f"{eps:.3g}"
 
 
-__all__ = ["SEED_DIR", "check_resumable", "run_configured", "run_seeded", "seed_prior", "seed_run", "seed_start"]
+__all__ = [
+    "SEED_DIR",
+    "check_resumable",
+    "completed_summary",
+    "run_configured",
+    "run_seeded",
+    "seed_prior",
+    "seed_run",
+    "seed_start",
+]

@@ -46,6 +46,24 @@ TINY = dict(
 )
 
 
+# The tiny run, seeded: a seed release at ε 2 (a few server steps fitting G, a few of the server's
+# critic), then GS-WGAN calibrated so that both stages compose to ε 10 per client.
+SEEDED_TINY = dict(
+    num_clients=4,
+    clients_per_step=2,
+    steps=3,
+    warmup_steps=1,
+    target_epsilon=10.0,
+    init_release="dp-merf",
+    init_epsilon=2.0,
+    init_steps=2,
+    init_critic_steps=2,
+    merf_clip=0.32,
+    merf_features=20,
+    merf_batch=4,
+)
+
+
 # ``values`` as the command line spells them (booleans as --x / --no-x; None leaves a flag out).
 flags = config_flags
 

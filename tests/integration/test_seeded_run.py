@@ -27,30 +27,14 @@ from common.privacy.analysis import ORDERS
 from common.privacy.node_ledger import node_ledger_path, read_node_book
 from simulations.cli import main
 from simulations.experiments.simulate import EXIT_BAD_INPUT
-from tests.helpers import ROOT, tiny_flags, wait_until
+from tests.helpers import ROOT, SEEDED_TINY, tiny_flags, wait_until
 
-# The tiny run, seeded: a seed release at ε 2 (a few server steps fitting G, a few of the server's
-# critic), then GS-WGAN calibrated so that both stages compose to ε 10 per client.
-SEEDED = dict(
-    num_clients=4,
-    clients_per_step=2,
-    steps=3,
-    warmup_steps=1,
-    target_epsilon=10.0,
-    init_release="dp-merf",
-    init_epsilon=2.0,
-    init_steps=2,
-    init_critic_steps=2,
-    merf_clip=0.32,
-    merf_features=20,
-    merf_batch=4,
-)
 # Secure sums need a cohort of at least 3: a step's clients (GS-WGAN) and the seed's sums (DP-MERF).
 SECURE = dict(num_clients=6, clients_per_step=3, secure_aggregation=True, secagg_cohort=3)
 
 
 def seeded_flags(**changes: object) -> list[str]:
-    return tiny_flags(**{**SEEDED, **changes})
+    return tiny_flags(**{**SEEDED_TINY, **changes})
 
 
 def independent_epsilon(events: list[tuple[float, int]], delta: float) -> float:
@@ -236,7 +220,7 @@ def test_a_seeded_run_killed_in_either_stage_resumes_to_completion(tmp_path, sta
         assert json.loads((out / "seed" / "summary.json").read_text())["status"] == "completed"
     else:
         assert not (out / "checkpoint.pt").exists()
-    before = node_releases(state, changes.get("num_clients", SEEDED["num_clients"]))
+    before = node_releases(state, changes.get("num_clients", SEEDED_TINY["num_clients"]))
     assert all(r.get("dp-merf") == 1 for r in before), before  # the seed was released before the kill
 
     resume = [*cli, "--resume", str(out), "--transport", "inprocess", "--no-progress"]

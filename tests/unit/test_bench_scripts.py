@@ -307,23 +307,19 @@ def test_critic_warm_start_measures_both_arms_against_the_reference(tmp_path, mo
 def test_stage2_from_seed_runs_stage_two_again_from_a_finished_seed(tmp_path, monkeypatch):
     """A finished seeded run's seed stage is copied, not run again, and stage 2 runs under the changes."""
     from simulations.cli import main as fedgan
-    from tests.helpers import tiny_flags
+    from tests.helpers import SEEDED_TINY, tiny_flags
 
-    seeded = dict(
-        num_clients=4, clients_per_step=2, steps=2, warmup_steps=1, target_epsilon=10.0, init_release="dp-merf"
-    )
-    seeded |= dict(init_epsilon=2.0, init_steps=2, init_critic_steps=2, merf_features=20, merf_batch=4)
     first = tmp_path / "first"
-    assert fedgan(["simulate", *tiny_flags(**seeded, out=first)]) == 0
+    assert fedgan(["simulate", *tiny_flags(**SEEDED_TINY, out=first)]) == 0
     module = load_bench(ROOT / "bench" / "stage2_from_seed.py", monkeypatch)
     again = tmp_path / "again"
     argv = ["--from", str(first), "--out", str(again), "--transport", "inprocess"]
-    assert module.main([*argv, "--set", "init_weight=7.5", "--set", "steps=3"]) == 0
+    assert module.main([*argv, "--set", "init_weight=7.5", "--set", "steps=4"]) == 0
     cfg = json.loads((again / "config.json").read_text())
-    assert cfg["init_weight"] == 7.5 and cfg["steps"] == 3 and cfg["out"] == str(again)
+    assert cfg["init_weight"] == 7.5 and cfg["steps"] == 4 and cfg["out"] == str(again)
     assert (again / "seed" / "summary.json").read_text() == (first / "seed" / "summary.json").read_text()
     summary = json.loads((again / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps_completed"] == 3
+    assert summary["status"] == "completed" and summary["steps_completed"] == 4
     stages = {s["stage"] for s in json.loads((again / "privacy.json").read_text())["stages"]}
     assert stages == {"seed", "refinement", "total"}  # the copied seed is still accounted for
     assert module.main([*argv]) == 2  # the new run exists now: refused, nothing overwritten
