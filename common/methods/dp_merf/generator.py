@@ -99,10 +99,25 @@ def embedding_loss(
 ) -> Tensor:
     """The squared distance between G's class means of the features (``merf_batch`` samples per
     class, weighted by the target's class shares) and the released ``target``: DP-MERF's generator
-    loss, and a seeded GAN's anchor to its seed release (``common/methods/seeding``)."""
+    loss, and a seeded GAN's anchor to its seed release (``common/methods/seeding``). With
+    ``merf_smoothness`` it adds that weight times ``roughness`` of the samples: a prior on G, not on the
+    data, so the fit stays post-processing of the release (the anchor keeps it, as the seed's fit had it)."""
     num_classes, per_class = target.shape[0], cfg.merf_batch
     device = target.device
     y = torch.arange(num_classes).repeat_interleave(per_class).to(device)
     z = sample_latent(len(y), cfg.z_dim, generator=rng).to(device)
-    means = fmap.class_means(model(z, y), y, num_classes, total=per_class)
-    return (means * class_weights(fmap, target, cfg)[:, None] - target).square().sum()
+    images = model(z, y)
+    means = fmap.class_means(images, y, num_classes, total=per_class)
+    loss = (means * class_weights(fmap, target, cfg)[:, None] - target).square().sum()
+    return loss + cfg.merf_smoothness * roughness(images) if cfg.merf_smoothness else loss
+
+
+def roughness(images: Tensor) -> Tensor:
+    """The mean squared difference between vertically and between horizontally neighbouring pixels of
+    ``[n, c, h, w]`` images. Why: the release's noise is isotropic in feature space, and a generator fitting
+    it closely does so with pixel-level patterns (salt and pepper at ε 1, measured in
+    ``bench/results/frontier-e1-features-fashion-mnist-cpu.md``); penalizing them costs the data's own
+    edges little, since neighbouring pixels of a real image mostly agree."""
+    dy = images[..., 1:, :] - images[..., :-1, :]
+    dx = images[..., :, 1:] - images[..., :, :-1]
+    return dy.square().mean() + dx.square().mean()

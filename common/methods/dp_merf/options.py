@@ -49,6 +49,12 @@ class Options:
     )
     merf_batch: int = option(16, "dp-merf: generated samples per class in each generator step")
     merf_lr: float = option(1e-3, "dp-merf: the generator's Adam learning rate (betas 0.9, 0.999)")
+    merf_smoothness: float = option(
+        0.0,
+        "dp-merf: weight of a smoothness penalty on G's samples while it fits the release (the mean squared "
+        "difference of neighbouring pixels); post-processing, so it costs no privacy. At small epsilon the "
+        "release's noise is as large as its signal and G otherwise draws it as salt-and-pepper pixels",
+    )
 
 
 def validate(c: ExperimentConfig) -> None:
@@ -59,3 +65,4 @@ def validate(c: ExperimentConfig) -> None:
     check(0 <= c.merf_dct <= SIDE, "merf_dct", c.merf_dct, f"must be in [0, {SIDE}] (0: pixels)")
     check(0 <= c.merf_count_share < 1, "merf_count_share", c.merf_count_share, "must be in [0, 1)")
     check(c.merf_noise_multiplier >= 0, "merf_noise_multiplier", c.merf_noise_multiplier, "must be >= 0")
+    check(c.merf_smoothness >= 0, "merf_smoothness", c.merf_smoothness, "must be >= 0 (0: no penalty)")
