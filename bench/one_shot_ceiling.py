@@ -10,7 +10,7 @@ and scores the released EMA generator three ways:
 - the quick evaluation's CNN and MLP trained on 10,000 generated images (5 epochs), tested on the
   10,000 real test images (their ceiling on real images: ``bench/quick_eval_ceiling.py``);
 - a screen of the anchors' protocol: the ``dpimagebench-cpu`` ResNet-8 trained on 20,000 generated
-  images for 2 epochs, tested on the real test split (the full protocol: ``fedgan evaluate RUN
+  images (``--screen-n``) for 2 epochs, tested on the real test split (the full protocol: ``fedgan evaluate RUN
   --protocol dpimagebench-cpu``);
 - optionally ``--noise STD``: Gaussian noise of that std added to every coordinate of the target;
 - optionally ``--protocol dpimagebench-cpu`` (or ``dpimagebench``): the whole protocol on the
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda: the embedding, the fit and the protocol's classifiers"
     )
+    parser.add_argument("--screen-n", type=int, default=20_000, help="generated images the ResNet-8 screen trains on")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the quick classifiers run on the CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "one-shot-ceiling.jsonl")
     parser.add_argument("flags", nargs="*", help="simulate flags after --, e.g. --merf-features 3000")
@@ -143,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         **vars(flags.parse_args([*base, "--ema-decay", "0.99", "--device", args.device, *args.flags]))
     )
     spec = recipe(args.protocol) if args.protocol else None
-    scores = fit_and_score(cfg, noise=args.noise, protocol=spec)
+    scores = fit_and_score(cfg, noise=args.noise, protocol=spec, screen_n=args.screen_n)
     row = {"strategy": args.strategy, "flags": args.flags, "noise": args.noise, "device": args.device, **scores}
+    row["screen_n"] = args.screen_n
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         f.write(json.dumps(row) + "\n")
