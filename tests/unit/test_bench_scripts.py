@@ -325,3 +325,25 @@ def test_stage2_from_seed_runs_stage_two_again_from_a_finished_seed(tmp_path, mo
     assert module.main([*argv]) == 2  # the new run exists now: refused, nothing overwritten
     assert module.main(["--from", str(first), "--out", str(tmp_path / "x"), "--set", "no_such=1"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_release_noise_measures_what_the_secure_sums_calibration_predicts(tmp_path, monkeypatch, capsys):
+    """A DP-MERF run through secure sums: its released mean's noise, measured against the pooled
+    mean of the same images (no clipping at S = 1), is the 2S·σ/√(K·t) of its shares, not σ·2S/K."""
+    from simulations.cli import main as fedgan
+    from tests.helpers import tiny_flags
+
+    run = tmp_path / "run"
+    changes = dict(strategy="dp-merf", num_clients=9, steps=2, target_epsilon=10.0, merf_clip=1.0, merf_features=40)
+    assert fedgan(["simulate", *tiny_flags(**changes, out=run, secure_aggregation=True, secagg_cohort=3)]) == 0
+    module = load_bench(ROOT / "bench" / "release_noise.py", monkeypatch)
+    out = tmp_path / "noise.jsonl"
+    assert module.main([str(run), "--out", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["num_clients"] == 9 and row["coordinates"] == 10 * 81
+    assert 0.8 < row["noise_std"] / row["predicted_std"] < 1.25  # three sums of 3: σ·2S/K would read 0.47
+    K, t = 9, row["mechanism"]["t"]
+    assert row["predicted_std"] == pytest.approx(2 * row["mechanism"]["σ"] / (K * t) ** 0.5)  # S = 1
+    assert "release noise" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not found"):
+        module.main([str(tmp_path / "missing"), "--out", str(out)])
