@@ -65,6 +65,9 @@ class DpMerf(MethodBase):
     ) -> ExperimentConfig:
         return privacy.calibrate(cfg, self.family, pooled_size=pooled_size, prior=prior)
 
+    def schedule_notes(self, cfg: ExperimentConfig) -> list[str]:
+        return [note] if (note := privacy.cohort_noise_note(cfg)) else []
+
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         """A client draws no batches: one image makes a summary."""
         return 1

@@ -17,7 +17,7 @@ from common.methods.dp_merf.client import clip_summary, release
 from common.methods.dp_merf.features import RANDOM_FOURIER, FeatureMap, class_means, embed
 from common.methods.dp_merf.generator import MerfGenerator, roughness
 from common.methods.dp_merf.messages import MerfRelease, MerfRequest
-from common.methods.dp_merf.privacy import calibrate, honest_norm_bound
+from common.methods.dp_merf.privacy import calibrate, cohort_noise_note, honest_norm_bound
 from common.privacy import NodePolicy, PrivacyLedger
 from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
 from tests.helpers import federation, one_step
@@ -226,3 +226,18 @@ def test_each_node_releases_once_charged_to_its_node_ledger_and_refuses_a_second
     _, again = one_step(c, transport, nodes, asked=[1])  # one release per node, whatever the run
     assert again.exhausted_nodes == [nodes[1]] and "already released its DP-MERF summary" in again.notes[0]
     assert read_node_book(root, 1).ledger.queries == 1
+
+
+def test_a_run_split_into_many_sums_is_told_what_one_sum_would_save():
+    """K clients in sums of c leave the mean K/t releases' worth of noise (t = ⌈2c/3⌉ per share);
+    the note names the one-sum figure, and stays silent when it would not help."""
+    cfg = ExperimentConfig(strategy="dp-merf", num_clients=3000, secure_aggregation=True, secagg_cohort=1000)
+    note = cohort_noise_note(cfg)
+    assert "3 sums" in note and "t = 667" in note and "4.5 releases'" in note and "--secagg-cohort 3000" in note
+    assert f"{math.sqrt(666 / 1999):.2f}x" in note  # (t - k) of a sum of 1,000 over that of one of 3,000
+    with_colluder = cohort_noise_note(cfg.replace(secagg_colluders=1))
+    assert f"{3000 / 666:.1f} releases'" in with_colluder
+    assert cohort_noise_note(cfg.replace(secagg_cohort=3000)) == ""  # one sum already
+    assert cohort_noise_note(cfg.replace(secagg_cohort=1600)) == ""  # 1 sum of 3,000 (c to 2c - 1)
+    assert cohort_noise_note(cfg.replace(secure_aggregation=False)) == ""  # in the clear: K releases' noise
+    assert cohort_noise_note(cfg.replace(secagg_threshold=600)) == ""  # a fixed t: no larger sum lowers it
