@@ -241,3 +241,21 @@ def test_a_run_split_into_many_sums_is_told_what_one_sum_would_save():
     assert cohort_noise_note(cfg.replace(secagg_cohort=1600)) == ""  # 1 sum of 3,000 (c to 2c - 1)
     assert cohort_noise_note(cfg.replace(secure_aggregation=False)) == ""  # in the clear: K releases' noise
     assert cohort_noise_note(cfg.replace(secagg_threshold=600)) == ""  # a fixed t: no larger sum lowers it
+
+
+def test_a_seeded_runs_seed_stage_is_told_about_its_sums_too():
+    from common.methods import schedule_notes
+
+    cfg = ExperimentConfig(
+        strategy="gswgan",
+        num_clients=3000,
+        secure_aggregation=True,
+        secagg_cohort=1000,
+        init_release="dp-merf",
+        target_epsilon=10.0,
+        init_epsilon=8.0,
+        clients_per_step=8,
+    )
+    notes = schedule_notes(cfg)
+    assert notes[0].startswith("seed stage (dp-merf): --secagg-cohort 1000 splits the 3,000 clients into 3 sums")
+    assert not any("seed stage" in n for n in schedule_notes(cfg.replace(secagg_cohort=3000)))
