@@ -33,12 +33,15 @@ def target_of(checkpoint: dict):
     return generator["target"].float()
 
 
-def predicted_std(mechanism: dict) -> float:
-    """Per-coordinate std of the noise on the mean: 2S·σ/√(K·t), or 2S·σ/K without secure sums."""
-    S, sigma, K = float(mechanism["S"]), float(mechanism["σ"]), int(mechanism.get("releases used", 0))
-    if "t" not in mechanism:
-        return 2 * S * sigma / math.sqrt(K) if K else float("nan")  # local noise: K independent draws
-    return 2 * S * sigma / math.sqrt(K * int(mechanism["t"]))
+def predicted_std(summary: dict) -> float:
+    """Per-coordinate std of the noise on the mean of K releases, from the multiplier each client's
+    noise carried as the run recorded it: 2S·share/√K (the share σ/√(t − k) through secure sums, σ in
+    the clear)."""
+    mechanism = summary.get("mechanism", {})
+    S, K = float(mechanism["S"]), int(mechanism.get("releases used", 0))
+    secure = summary.get("method", {}).get(summary.get("strategy", ""), {}).get("secure_aggregation", {})
+    share = float(secure.get("noise_multiplier_share", mechanism["σ"]))
+    return 2 * S * share / math.sqrt(K) if K else float("nan")
 
 
 def measure(run: Path) -> dict:
@@ -56,7 +59,7 @@ def measure(run: Path) -> dict:
     target = target_of(torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False))
     train = load_dataset(cfg.dataset, cfg.data_dir, split="train")
     x, y = _as_tensors(train, protocol_splits(train)[0] if cfg.protocol_holdout else None)
-    pooled = embed(method("dp-merf").family.build(cfg, "cpu"), x, y, train.num_classes, chunk=2000)
+    pooled = embed(method(cfg.strategy).family.build(cfg, "cpu"), x, y, train.num_classes, chunk=2000)
     noise = target - pooled
     mechanism = summary.get("mechanism", {})
     return {
@@ -67,7 +70,7 @@ def measure(run: Path) -> dict:
         "signal_norm": float(pooled.norm()),
         "noise_norm": float(noise.norm()),
         "noise_std": float(noise.std()),
-        "predicted_std": predicted_std(mechanism),
+        "predicted_std": predicted_std(summary),
     }
 
 

@@ -66,7 +66,7 @@ class DpMerf(MethodBase):
         return privacy.calibrate(cfg, self.family, pooled_size=pooled_size, prior=prior)
 
     def schedule_notes(self, cfg: ExperimentConfig) -> list[str]:
-        return [note] if (note := privacy.cohort_noise_note(cfg)) else []
+        return [note] if (note := privacy.cohort_noise_note(cfg, self.family)) else []
 
     def min_client_images(self, cfg: ExperimentConfig) -> int:
         """A client draws no batches: one image makes a summary."""

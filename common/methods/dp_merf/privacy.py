@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from common.calibration import smallest_noise
@@ -50,23 +51,26 @@ def release_spec(cfg: ExperimentConfig, family: FeatureFamily, *, noise_multipli
     )
 
 
-def cohort_noise_note(cfg: ExperimentConfig) -> str:
+def cohort_noise_note(cfg: ExperimentConfig, family: FeatureFamily) -> str:
     """How much noise the secure sums' cohorts put on the mean the generator fits, when one sum of
     all clients would put much less; empty otherwise (in the clear, one cohort, or a fixed t). Each
-    share carries σ/√(t − k) with t from ``--secagg-cohort``, so K clients in sums of c leave the mean
-    K/(t − k) releases' worth of noise, std 2Sσ/√(K·(t − k)): measured on Fashion-MNIST at ε 1,
+    client's share carries the channel's ``node_noise`` (σ/√(t − k), t from ``--secagg-cohort``), so K
+    clients leave the mean K·(share/σ)² releases' worth of noise: measured on Fashion-MNIST at ε 1,
     K = 3,000 in sums of 1,000 put noise of norm 0.184 on a mean of norm 0.184 (bench/release_noise.py)."""
-    clients, c, k = len(cfg.participants()), cfg.secagg_cohort, cfg.secagg_colluders
-    if not channel_for(cfg).sums or clients // c <= 1 or cfg.secagg_threshold:
+    channel, clients, c = channel_for(cfg), len(cfg.participants()), cfg.secagg_cohort
+    spec = release_spec(cfg, family)
+    if not channel.sums or clients // c <= 1 or cfg.secagg_threshold or not spec.noise_multiplier:
         return ""
-    t, whole = fewest_survivors(c, 0), fewest_survivors(clients, 0)
-    ratio = math.sqrt((t - k) / (whole - k))
+    split, whole = (
+        clients * (channel.node_noise(cfg, s) / s.noise_multiplier) ** 2 for s in (spec, replace(spec, cohort=clients))
+    )
+    ratio = math.sqrt(whole / split)
     if ratio > 0.8:
         return ""
     return (
         f"--secagg-cohort {c} splits the {clients:,} clients into {clients // c} sums whose noise shares are "
-        f"calibrated for t = {t}: the mean the generator fits carries {clients / (t - k):.1f} releases' worth of "
-        f"noise; one sum of all of them (--secagg-cohort {clients}) would carry {clients / (whole - k):.1f}, "
+        f"calibrated for t = {fewest_survivors(c, 0)}: the mean the generator fits carries {split:.1f} releases' "
+        f"worth of noise; one sum of all of them (--secagg-cohort {clients}) would carry {whole:.1f}, "
         f"{ratio:.2f}x the noise's std at the same per-client ε, for one larger sum (SecAgg+'s work grows with "
         "the clients times the graph's degree; a sum that aborts loses every release in it)"
     )

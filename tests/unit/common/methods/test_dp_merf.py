@@ -232,15 +232,19 @@ def test_a_run_split_into_many_sums_is_told_what_one_sum_would_save():
     """K clients in sums of c leave the mean K/t releases' worth of noise (t = ⌈2c/3⌉ per share);
     the note names the one-sum figure, and stays silent when it would not help."""
     cfg = ExperimentConfig(strategy="dp-merf", num_clients=3000, secure_aggregation=True, secagg_cohort=1000)
-    note = cohort_noise_note(cfg)
+    note = cohort_noise_note(cfg, RANDOM_FOURIER)
     assert "3 sums" in note and "t = 667" in note and "4.5 releases'" in note and "--secagg-cohort 3000" in note
     assert f"{math.sqrt(666 / 1999):.2f}x" in note  # (t - k) of a sum of 1,000 over that of one of 3,000
-    with_colluder = cohort_noise_note(cfg.replace(secagg_colluders=1))
+    with_colluder = cohort_noise_note(cfg.replace(secagg_colluders=1), RANDOM_FOURIER)
     assert f"{3000 / 666:.1f} releases'" in with_colluder
-    assert cohort_noise_note(cfg.replace(secagg_cohort=3000)) == ""  # one sum already
-    assert cohort_noise_note(cfg.replace(secagg_cohort=1600)) == ""  # 1 sum of 3,000 (c to 2c - 1)
-    assert cohort_noise_note(cfg.replace(secure_aggregation=False)) == ""  # in the clear: K releases' noise
-    assert cohort_noise_note(cfg.replace(secagg_threshold=600)) == ""  # a fixed t: no larger sum lowers it
+    assert cohort_noise_note(cfg.replace(secagg_cohort=3000), RANDOM_FOURIER) == ""  # one sum already
+    assert cohort_noise_note(cfg.replace(secagg_cohort=1600), RANDOM_FOURIER) == ""  # 1 sum of 3,000 (c to 2c - 1)
+    assert (
+        cohort_noise_note(cfg.replace(secure_aggregation=False), RANDOM_FOURIER) == ""
+    )  # in the clear: K releases' noise
+    assert (
+        cohort_noise_note(cfg.replace(secagg_threshold=600), RANDOM_FOURIER) == ""
+    )  # a fixed t: no larger sum lowers it
 
 
 def test_a_seeded_runs_seed_stage_is_told_about_its_sums_too():
