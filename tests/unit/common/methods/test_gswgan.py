@@ -14,7 +14,7 @@ from common.methods import ExperimentConfig
 from common.methods.gswgan.client import answer_query
 from common.methods.gswgan.critic import replay_buffer, select_critic_fakes, warm_start
 from common.methods.gswgan.messages import GsAnswer, GsQuery, validate_query
-from common.methods.gswgan.privacy import planned_event
+from common.methods.gswgan.privacy import planned_event, unspent_answers_note
 from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.node_ledger import NODE_STATE_ENV, read_node_book
 from common.privacy.sampling import VOID_SAMPLING_SEED
@@ -367,6 +367,19 @@ def test_gswgan_sampling_is_secret_unless_the_testing_flag_makes_it_reproducible
     amplified = seeded[0].privacy_report()["epsilon_amplified"]
     assert amplified["epsilon"] is None and VOID_SAMPLING_SEED in amplified["epsilon_reason"]
     assert seeded[0].privacy_report()["not_private"] == []  # the per-client headline still stands
+
+
+def test_the_unspent_answers_note_offers_more_clients_per_step_only_where_that_keeps_the_noise():
+    """K 27,500, m 8, T 200 at a target: one answer each, 1,600 asked; all of them are asked by 3,437
+    steps of 8 or by 200 steps of 137 (ceil(200·137/K) is still 1); a full schedule says nothing."""
+    cfg = tiny_cfg(num_clients=27_500, clients_per_step=8, steps=200, target_epsilon=1.0)
+    note = unspent_answers_note(cfg)
+    assert "asks for 1,600 answers" in note and "--steps 3437, or --clients-per-step 137 over these 200" in note
+    assert "17.1x" in note
+    assert ", or --clients-per-step" not in unspent_answers_note(
+        cfg.replace(num_clients=3, clients_per_step=1, steps=2)
+    )
+    assert unspent_answers_note(cfg.replace(clients_per_step=137)) == ""
 
 
 # --- the client side (through the client's shell: real nodes in this process) ---------------------
