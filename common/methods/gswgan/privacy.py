@@ -132,15 +132,15 @@ def unspent_answers_note(cfg: ExperimentConfig) -> str:
         return ""
     wide = min(queries * clients // steps, clients)  # m over the same T steps, when that also keeps the σ
     wider = (
-        f", or --clients-per-step {wide} over these {steps} steps (each step's sum carries {wide / m:.3g}x the "
-        "clipped gradients)"
+        f", as would --clients-per-step {wide} over these {steps} steps (each step's sum then carries {wide / m:.3g}x "
+        "the clipped gradients)"
         if wide > m and math.ceil(steps * wide / clients) == queries
         else ""
     )
     return (
         f"--steps {steps} x --clients-per-step {m} asks for {steps * m:,} answers, but the calibrated noise gives "
         f"each of the {clients:,} clients a budget of {queries} (ceil(T·m/K)), {queries * clients:,} in all: "
-        f"--steps {full}{wider} would ask for them all at the same noise and the same per-client ε"
+        f"--steps {full} would ask for them all at the same noise and the same per-client ε{wider}"
     )
 
 

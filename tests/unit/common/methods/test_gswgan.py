@@ -374,9 +374,13 @@ def test_the_unspent_answers_note_offers_more_clients_per_step_only_where_that_k
     steps of 8 or by 200 steps of 137 (ceil(200·137/K) is still 1); a full schedule says nothing."""
     cfg = tiny_cfg(num_clients=27_500, clients_per_step=8, steps=200, target_epsilon=1.0)
     note = unspent_answers_note(cfg)
-    assert "asks for 1,600 answers" in note and "--steps 3437, or --clients-per-step 137 over these 200" in note
+    assert (
+        "asks for 1,600 answers" in note
+        and "--steps 3437 would" in note
+        and "--clients-per-step 137 over these 200" in note
+    )
     assert "17.1x" in note
-    assert ", or --clients-per-step" not in unspent_answers_note(
+    assert "as would --clients-per-step" not in unspent_answers_note(
         cfg.replace(num_clients=3, clients_per_step=1, steps=2)
     )
     assert unspent_answers_note(cfg.replace(clients_per_step=137)) == ""
