@@ -196,12 +196,10 @@ def schedule_notes(cfg: ExperimentConfig) -> list[str]:
     """The run's method on its calibrated schedule (``Method.schedule_notes``): printed as a run
     starts, so budget the plan leaves unspent is seen before hours of training, not in the summary. A
     seeded run's seed stage says its own first, named as the seed's."""
-    from .seeding.stage import seed_config, seeded
-
     notes = method(cfg.strategy).schedule_notes(cfg)
-    if not seeded(cfg):
+    if not seeding.seeded(cfg):
         return notes
-    first = seed_config(cfg)
+    first = seeding.seed_config(cfg)
     return [f"seed stage ({first.strategy}): {note}" for note in method(first.strategy).schedule_notes(first)] + notes
 
 

@@ -134,7 +134,7 @@ def unspent_answers_note(cfg: ExperimentConfig) -> str:
     wider = (
         f", as would --clients-per-step {wide} over these {steps} steps (each step's sum then carries {wide / m:.3g}x "
         "the clipped gradients)"
-        if wide > m and math.ceil(steps * wide / clients) == queries
+        if wide > m and answers_per_client(cfg.replace(clients_per_step=wide)) == queries
         else ""
     )
     return (

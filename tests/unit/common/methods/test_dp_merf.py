@@ -239,12 +239,9 @@ def test_a_run_split_into_many_sums_is_told_what_one_sum_would_save():
     assert f"{3000 / 666:.1f} releases'" in with_colluder
     assert cohort_noise_note(cfg.replace(secagg_cohort=3000), RANDOM_FOURIER) == ""  # one sum already
     assert cohort_noise_note(cfg.replace(secagg_cohort=1600), RANDOM_FOURIER) == ""  # 1 sum of 3,000 (c to 2c - 1)
-    assert (
-        cohort_noise_note(cfg.replace(secure_aggregation=False), RANDOM_FOURIER) == ""
-    )  # in the clear: K releases' noise
-    assert (
-        cohort_noise_note(cfg.replace(secagg_threshold=600), RANDOM_FOURIER) == ""
-    )  # a fixed t: no larger sum lowers it
+    # in the clear: K releases' noise; a fixed t: no larger sum lowers it
+    assert cohort_noise_note(cfg.replace(secure_aggregation=False), RANDOM_FOURIER) == ""
+    assert cohort_noise_note(cfg.replace(secagg_threshold=600), RANDOM_FOURIER) == ""
 
 
 def test_a_seeded_runs_seed_stage_is_told_about_its_sums_too():
