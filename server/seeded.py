@@ -21,7 +21,7 @@ from common.data import num_classes_for
 from common.io.tensor_files import load_tensors, save_tensors
 from common.methods import ExperimentConfig
 from common.methods.protocol import PriorReleases
-from common.methods.seeding import SeedStart, seed_config, seeded, server_critic, start_from_checkpoint
+from common.methods.seeding import SeedStart, federated, seed_config, server_critic, start_from_checkpoint
 from common.privacy import PrivacyLedger
 
 from .loop import run_experiment
@@ -62,8 +62,9 @@ def run_configured(
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """The run ``cfg`` describes, on any transport (a simulation, a deployment): both stages of a
-    seeded one (each resuming from its own checkpoint), else ``run_experiment``."""
-    if seeded(cfg):
+    seeded one (each resuming from its own checkpoint), else ``run_experiment`` (a seed that a curator
+    makes in the run's first round, ``seeding/pooled.py``, included)."""
+    if federated(cfg):
         return run_seeded(cfg, run, transport, transport_name=transport_name, stop=stop)
     return run_experiment(cfg, run, transport, resume=resume, transport_name=transport_name, stop=stop)
 

@@ -204,8 +204,8 @@ def _meaning(summary: dict[str, Any], epsilon: float | None, kind: str) -> str:
 
 
 def stage_text(stages: list[dict[str, Any]]) -> str:
-    """A seeded run's shares, worst client of each: "seed (dp-merf) 1 · refinement (gswgan) 9.6 ·
-    total 10" (the total composes both in each client's ledger: less than the sum)."""
+    """A seeded run's shares, worst client of each (DPGAN: its curator's one ledger): "seed (dp-merf) 1
+    · refinement (gswgan) 9.6 · total 10" (the total composes both in one ledger: less than the sum)."""
 
     def fmt(eps: float | None) -> str:
         return "unbounded" if eps is None else f"{eps:.4g}"
@@ -216,4 +216,6 @@ def stage_text(stages: list[dict[str, Any]]) -> str:
         else f"total {fmt(s['epsilon_max'])}"
         for s in stages
     ]
-    return " · ".join(parts) + "  [worst client of each; the total composes both in each client's ledger]"
+    curator = any("curator" in s.get("accounting", "") for s in stages if s["stage"] == "total")
+    how = "one curator's example-level ledger" if curator else "worst client of each"
+    return " · ".join(parts) + f"  [{how}; the total composes both in that ledger]"

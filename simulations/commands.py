@@ -175,11 +175,11 @@ def _resume_target(args: argparse.Namespace):
 
     run, cfg = RunDirectory.open_existing(args.resume)
     run.lock()  # before anything is read or rewritten: another process may be driving it
-    from common.methods.seeding import seeded
+    from common.methods.seeding import federated
     from server.seeded import check_resumable
 
     # fail now, with the path, if there is nothing (whole) to resume: a seeded run, in either stage
-    if seeded(cfg):
+    if federated(cfg):
         check_resumable(run, cfg)
     else:
         run.resumable_checkpoint()

@@ -197,7 +197,7 @@ def schedule_notes(cfg: ExperimentConfig) -> list[str]:
     starts, so budget the plan leaves unspent is seen before hours of training, not in the summary. A
     seeded run's seed stage says its own first, named as the seed's."""
     notes = method(cfg.strategy).schedule_notes(cfg)
-    if not seeding.seeded(cfg):
+    if not seeding.federated(cfg):  # a curator's seed (``seeding/pooled.py``) has no schedule of its own
         return notes
     first = seeding.seed_config(cfg)
     return [f"seed stage ({first.strategy}): {note}" for note in method(first.strategy).schedule_notes(first)] + notes

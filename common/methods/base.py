@@ -43,6 +43,7 @@ class MethodBase:
 
     accepts_prior_releases = False
     accepts_seed = False  # starts from a seed release (``seeding``: its server side uses ``prior.start``)
+    pools_data = False  # one curator pools every partition: a seed is made there (``seeding/pooled.py``)
     seeds = False  # its one-shot release can seed a GAN (``--init-release``: a generator is fitted to it)
     target_unit = "per client"  # the unit of the headline ε that ``--target-epsilon`` calibrates
     unbounded_against_server = False

@@ -171,7 +171,9 @@ class Method(Protocol):
 
     Optional, with the defaults of ``MethodBase``: ``accepts_prior_releases`` (False: it cannot account
     for releases made before its run), ``accepts_seed`` (False: it cannot start from a seed release,
-    ``common/methods/seeding``; True: its server side starts from ``prior.start``), ``seeds`` (False:
+    ``common/methods/seeding``; True: its server side starts from ``prior.start``, or, with
+    ``pools_data``, its curator makes the seed release itself in its first round, example-level:
+    ``seeding/pooled.py``), ``seeds`` (False:
     its release cannot seed a GAN; True: ``--init-release`` may name it), ``target_unit`` ("per
     client": the unit of the headline ε ``--target-epsilon`` calibrates, named in its help),
     ``unbounded_against_server`` (False: its clients add their own noise), ``supports_dpac`` (False),
@@ -195,6 +197,7 @@ class Method(Protocol):
     step_label: str
     accepts_prior_releases: bool
     accepts_seed: bool
+    pools_data: bool
     seeds: bool
     target_unit: str
     unbounded_against_server: bool

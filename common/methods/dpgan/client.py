@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from common.learning.models import on_cpu
+from common.privacy import PrivacyEvent, PrivacyLedger
 from common.privacy.node_ledger import read_node_book
 
 from ..protocol import ClientNode, refusal
@@ -19,7 +20,7 @@ def answer_round(node: ClientNode, request: DpganRound) -> DpganReply:
     """The curator's round, unless it refuses it; G's weights and its whole ledger go back."""
     cfg = node.cfg
     curator = load_node(cfg, node.state_dir, rounds=request.step)
-    why = round_refusal(node, curator, curator.round_dp_steps(cfg))
+    why = round_refusal(node, curator)
     if why:
         return refusal(DpganReply, request.step, CURATOR, why)
     before = curator.ledger.copy()
@@ -40,25 +41,36 @@ def answer_round(node: ClientNode, request: DpganRound) -> DpganReply:
     )
 
 
-def round_refusal(node: ClientNode, curator: DpganNode, planned: int) -> str:
-    """Why the curator refuses the next round (""): its noise below the node's minimum; the run's
-    budget, example-level, on the curator's own ledger; the node's budget, in its unit, on the node
-    ledger of each pooled client (what the round would cost that client's whole partition)."""
-    cfg, policy, event = node.cfg, node.policy, curator.step_event(planned)
-    what = f"{planned} more DP-SGD steps"
-    problem = policy.check_release(event.noise_multiplier, what)
-    if problem:
-        return problem
+def round_refusal(node: ClientNode, curator: DpganNode) -> str:
+    """Why the curator refuses the next round (""): its noise (a seeded run's first round: the seed
+    release's too) below the node's minimum; the run's budget, example-level, on the curator's own
+    ledger; the node's budget, in its unit, on the node ledger of each pooled client (what the round
+    would cost that client's whole partition)."""
+    cfg, policy, events = node.cfg, node.policy, curator.round_events(node.cfg)
+    steps = f"{events[-1].count} more DP-SGD steps"
+    what = steps if len(events) == 1 else f"the seed release and {steps}"
+    for event, name in zip(events, ["the seed release", steps][-len(events) :], strict=True):
+        problem = policy.check_release(event.noise_multiplier, name)
+        if problem:
+            return problem
     run_budget = cfg.client_epsilon_budget
-    if run_budget > 0 and curator.ledger.would_exceed(budget=run_budget, delta=cfg.delta, next_event=event):
+    if run_budget > 0 and would_exceed(curator.ledger, events, budget=run_budget, delta=cfg.delta):
         return f"{what} would exceed the run's example-level epsilon budget {run_budget:g} at delta {cfg.delta:g}"
     if policy.max_epsilon > 0:
-        for client, (cost,) in pooled_charges(curator, [event]).items():
+        for client, costs in pooled_charges(curator, events).items():
             book = read_node_book(node.state_dir, client).ledger
-            if book.would_exceed(budget=policy.max_epsilon, delta=policy.delta, next_event=cost):
+            if would_exceed(book, costs, budget=policy.max_epsilon, delta=policy.delta):
                 return (
                     f"{what} would exceed the node's epsilon budget {policy.max_epsilon:g} at delta {policy.delta:g} "
                     f"for pooled client {client} (its {curator.sizes[client]} examples in every step: noise "
-                    f"multiplier {cost.noise_multiplier:.3g} per step for its whole data set)"
+                    f"multiplier {costs[-1].noise_multiplier:.3g} per step for its whole data set)"
                 )
     return ""
+
+
+def would_exceed(ledger: PrivacyLedger, events: list[PrivacyEvent], *, budget: float, delta: float) -> bool:
+    """Whether ``events``, in order after ``ledger``, would take it past ``budget``."""
+    trial = ledger.copy()
+    for event in events[:-1]:
+        trial.record(event)
+    return trial.would_exceed(budget=budget, delta=delta, next_event=events[-1])

@@ -3,7 +3,9 @@ q = B/N), DPAC's classifier beside it when asked, G by post-processing; one roun
 
 Each round the curator takes n_D DP steps, then one generator step, updates the adaptive n_D and
 records the steps that added noise in its ledger (``run_round``); ``storage.py`` keeps it on the
-node's disk between rounds.
+node's disk between rounds. A seeded run's first round makes the seed release before them, on the
+pooled data, and fits G to it (``seed_stage``, ``common/methods/seeding/pooled.py``); every generator
+step then keeps fitting it beside D's loss.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.node_ledger import pooled_event
 
+from ..seeding import SeedAnchor, SeedStart, seeded
+from ..seeding import pooled as pooled_seed
 from .adaptive import AdaptiveND
 from .dp_classifier import DpClassifierTrainer
 from .dpsgd import DpDiscriminatorTrainer, build_dpgan_discriminator
@@ -53,6 +57,9 @@ class DpganNode:
     classifier: DpClassifierTrainer | None = None  # DPAC's C (``dpac_beta`` < 1), trained with DP-SGD
     classifier_ready: bool = False  # its init on real data has run
     public_warmed: bool = True  # the warm start on public data has run (or none was asked for)
+    seed_done: bool = True  # the seed release has been made and G fitted to it (or the run has none)
+    seed_target: torch.Tensor | None = None  # that release as a labelled mean embedding (public once made)
+    anchor: SeedAnchor | None = None  # G's fit to it in every generator step (``init_weight`` > 0)
 
     @property
     def dp_steps(self) -> int:
@@ -69,6 +76,12 @@ class DpganNode:
             return self.n_d
         init = 0 if self.classifier_ready else cfg.dpac_init
         return self.n_d + init + classifier_round_steps(cfg)
+
+    def round_events(self, cfg: ExperimentConfig) -> list[PrivacyEvent]:
+        """What the next round releases, in order: the seed release first if it is still to be
+        made, then its DP-SGD steps."""
+        seed = [] if self.seed_done else [pooled_seed.seed_event(cfg)]
+        return [*seed, self.step_event(self.round_dp_steps(cfg))]
 
     def step_event(self, count: int) -> PrivacyEvent:
         """``count`` DP-SGD discriminator steps: a Poisson-subsampled Gaussian (σ, q = B/N)."""
@@ -153,7 +166,27 @@ def new_node(cfg: ExperimentConfig) -> DpganNode:
         void=void,
         classifier=classifier,
         public_warmed=not cfg.public_warmup_steps,
+        seed_done=not seeded(cfg),
     )
+
+
+def seed_stage(node: DpganNode, cfg: ExperimentConfig) -> None:
+    """The seed release on the pooled data (recorded in the ledger before any DP-SGD step), G fitted
+    to it, and the anchor that keeps G fitting it. The noise comes from the OS CSPRNG (a fixed
+    ``noise_seed`` voids the release, as it voids the DP-SGD steps)."""
+    device = node.images.device
+    noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed + 1, device=device)
+    release = pooled_seed.noisy_sum(cfg, node.images, node.labels, num_classes_for(cfg), noise)
+    node.ledger.record(pooled_seed.seed_event(cfg))
+    node.seed_target = pooled_seed.as_mean(cfg, release).cpu()
+    pooled_seed.fit_generator(cfg, node.generator, node.seed_target.to(device))
+    node.anchor = seed_anchor(cfg, node.seed_target, device)
+    node.seed_done = True
+
+
+def seed_anchor(cfg: ExperimentConfig, target: torch.Tensor, device: torch.device) -> SeedAnchor | None:
+    """G's fit to the seed release in every generator step (none at ``init_weight`` 0)."""
+    return SeedAnchor(cfg, SeedStart({}, target, 1), device) if cfg.init_weight > 0 else None
 
 
 def _fakes(node: DpganNode, cfg: ExperimentConfig, n: int, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,6 +227,8 @@ def _generator_step(node: DpganNode, cfg: ExperimentConfig) -> torch.Tensor:
             loss = cfg.dpac_beta * loss + (1 - cfg.dpac_beta) * F.cross_entropy(C(fake), fake_y.long())
         node.g_optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if node.anchor is not None:  # the seed release's fit, post-processing
+            node.anchor.backward(node.generator)
         node.g_optimizer.step()
     return loss.detach()
 
@@ -224,10 +259,13 @@ def _public_bounds(node: DpganNode, cfg: ExperimentConfig) -> None:
 
 
 def run_round(node: DpganNode, cfg: ExperimentConfig) -> dict[str, Any]:
-    """n_D DP discriminator steps, DPAC's classifier steps, one generator step; records the noised
-    steps in the ledger, returns the statistics."""
+    """The seed release first in a seeded run's first round; then n_D DP discriminator steps, DPAC's
+    classifier steps, one generator step; records the noised steps in the ledger, returns the
+    statistics."""
     if not node.public_warmed:
         _public_warm_start(node, cfg)
+    if not node.seed_done:
+        seed_stage(node, cfg)
     if cfg.dpgan_group_bounds == "public" and node.rounds % cfg.dpgan_bounds_every == 0:
         _public_bounds(node, cfg)
     before = node.dp_steps

@@ -29,6 +29,8 @@ class Dpgan(MethodBase):
     messages = MESSAGES
     step_label = "generator steps"
     supports_dpac = True  # centralized DPAC: C trained with DP-SGD on the curator, charged like D's steps
+    accepts_seed = True  # its curator makes the seed release itself, example-level (``seeding/pooled.py``)
+    pools_data = True
 
     def validate(self, cfg: ExperimentConfig) -> None:
         options.validate(cfg)
@@ -42,9 +44,7 @@ class Dpgan(MethodBase):
     def calibrate(
         self, cfg: ExperimentConfig, *, pooled_size: int | None, prior: Sequence[PrivacyEvent] = ()
     ) -> ExperimentConfig:
-        if prior:  # its unit is the example: a client-level release cannot be composed into it here
-            raise ValueError("dpgan's calibration cannot compose client-level releases made before its run")
-        return privacy.calibrate(cfg, pooled_size=pooled_size)
+        return privacy.calibrate(cfg, pooled_size=pooled_size, prior=prior)
 
     def check_sizes(self, cfg: ExperimentConfig, sizes: list[int]) -> None:
         privacy.check_sizes(cfg, sizes)
@@ -54,7 +54,7 @@ class Dpgan(MethodBase):
         return load_ledger(state_dir) if client_id == CURATOR else PrivacyLedger()
 
     def server(self, cfg: ExperimentConfig, num_classes: int, prior: PriorReleases | None) -> DpganServer:
-        return DpganServer(cfg, num_classes)
+        return DpganServer(cfg, num_classes)  # a seed is its curator's (``seeding/pooled.py``): no prior
 
     def answer(self, node: ClientNode, request: DpganRound) -> DpganReply:
         return answer_round(node, request)

@@ -25,9 +25,11 @@ from common.privacy.statement import KIND_EXAMPLE
 
 from ..base import NOT_APPLICABLE, ServerBase
 from ..protocol import Reply, StepOutcome
+from ..seeding import seeded
+from ..seeding.pooled import RULE_POOLED_SEED, seed_event
 from .curator import CURATOR
 from .messages import DpganReply, DpganRound
-from .privacy import RULE_DPGAN, statement
+from .privacy import RULE_DPGAN, rule, statement
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -39,6 +41,7 @@ class DpganServer(ServerBase):
 
     def __init__(self, cfg: ExperimentConfig, num_classes: int) -> None:
         super().__init__(cfg)
+        self.accounting = rule(cfg)
         torch.manual_seed(cfg.seed)
         self.generator = build_generator(cfg.model, z_dim=cfg.z_dim, num_classes=num_classes)
         self.generator.to(resolve_device(cfg.device))
@@ -55,6 +58,8 @@ class DpganServer(ServerBase):
 
     def requests(self, step: int, nodes: list[int]) -> list[tuple[int, DpganRound]]:
         for _ in nodes:  # the round's planned steps, charged before the node runs them
+            if self.rounds_done == 0 and seeded(self.cfg):  # the curator's seed release comes first
+                self.records.charge(CURATOR, seed_event(self.cfg))
             self.records.charge(CURATOR, self._planned())
         return [(n, DpganRound(step=step)) for n in nodes]
 
@@ -82,7 +87,10 @@ class DpganServer(ServerBase):
         """The curator's round: its G (the EMA follows), its ledger, its statistics on fakes."""
         answer: DpganReply = reply.payload
         self.generator.load_state_dict(answer.generator)
-        self.ema.update(self.generator)
+        if self.rounds_done == 0 and seeded(self.cfg):  # the EMA starts from the G fitted to the seed
+            self.ema = GeneratorEMA(self.generator, decay=self.cfg.ema_decay)
+        else:
+            self.ema.update(self.generator)
         outcome.notes += self.records.absorb(self.node_client, [LedgerClaim(reply.node, answer.ledger)], final=False)
         self.records.settle(CURATOR)  # the reply's ledger covers every step up to this round
         self.last = {
@@ -111,6 +119,35 @@ class DpganServer(ServerBase):
     def headline_ledgers(self, *, final: bool = True) -> dict[int, PrivacyLedger]:
         return {CURATOR: self.records.ledger_of(CURATOR)}
 
+    def stage_shares(self, ledgers: dict[int, PrivacyLedger], clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A seeded run's shares in the curator's ledger: its first entry (the seed release), the
+        DP-SGD steps after it, and the total (the headline, both composed)."""
+        ledger = ledgers[CURATOR]
+        if not seeded(self.cfg) or not ledger.history:
+            return []
+        delta, history = self.cfg.delta, ledger.history
+        rest = PrivacyLedger(history[1:])
+        shares = [
+            ("seed", self.cfg.init_release, PrivacyLedger(history[:1]), RULE_POOLED_SEED),
+            ("refinement", self.cfg.strategy, rest, f"{RULE_DPGAN}; its steps alone"),
+            (
+                "total",
+                f"{self.cfg.init_release} then {self.cfg.strategy}",
+                ledger,
+                "both composed in the curator's one ledger",
+            ),
+        ]
+        return [
+            {
+                "stage": stage,
+                "method": name,
+                "epsilon_max": part.epsilon(delta=delta) if part.queries else 0.0,
+                "accounting": how,
+                "releases": part.queries,
+            }
+            for stage, name, part, how in shares
+        ]
+
     def beside(self, *, final: bool) -> dict[str, Any]:
         return {
             **NOT_APPLICABLE,
@@ -125,6 +162,7 @@ class DpganServer(ServerBase):
             "σ": self.last.get("noise_multiplier", cfg.dpgan_noise_multiplier),
             "C": cfg.dpgan_clip,
             "q": self.last.get("sample_rate") or 0.0,
+            **({"σ_s": cfg.init_noise_multiplier} if seeded(cfg) else {}),
         }
 
     def parameters(self) -> dict[str, Any]:

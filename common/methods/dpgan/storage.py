@@ -1,6 +1,7 @@
-"""DPGAN's curator on the node's disk: D, G, both optimizers, the schedule, the ledger and the public
-RNG, written after every round (tensors and plain data only) and read back at the next; the
-secret sampler keeps nothing. A small in-process cache spares reading back the current round."""
+"""DPGAN's curator on the node's disk: D, G, both optimizers, the schedule, the ledger, the public
+RNG and a seeded run's release (the anchor's target and its latents' RNG), written after every
+round (tensors and plain data only) and read back at the next; the secret sampler keeps nothing.
+A small in-process cache spares reading back the current round."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from common.io.tensor_files import load_tensors, save_tensors
 from common.privacy import PrivacyLedger
 
-from .curator import DpganNode, new_node
+from .curator import DpganNode, new_node, seed_anchor
 
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
@@ -39,6 +40,9 @@ def save_node(node: DpganNode, state_dir: str | Path) -> None:
         "sampler": node.sampler.state_dict(),
         "public_warmed": node.public_warmed,
         "group_bounds": node.trainer.group_bounds,
+        "seed_done": node.seed_done,
+        "seed_target": node.seed_target,
+        "anchor": node.anchor.state_dict() if node.anchor is not None else None,
         **_classifier_blob(node),
     }
     save_tensors(blob, path)
@@ -55,6 +59,17 @@ def _classifier_blob(node: DpganNode) -> dict[str, Any]:
         "c_steps": C.steps_taken,
         "c_ready": node.classifier_ready,
     }
+
+
+def _load_seed(cfg: ExperimentConfig, node: DpganNode, blob: dict[str, Any]) -> None:
+    """A seeded run's release and its anchor, as saved (a file from before seeding: none)."""
+    node.seed_done = bool(blob.get("seed_done", True))
+    if blob.get("seed_target") is None:
+        return
+    node.seed_target = blob["seed_target"]
+    node.anchor = seed_anchor(cfg, node.seed_target, node.images.device)
+    if node.anchor is not None and blob.get("anchor") is not None:
+        node.anchor.load_state_dict(blob["anchor"])
 
 
 def load_ledger(state_dir: str | Path) -> PrivacyLedger:
@@ -88,6 +103,7 @@ def load_node(cfg: ExperimentConfig, state_dir: str | Path, rounds: int) -> Dpga
         node.public_warmed = bool(blob.get("public_warmed", True))
         if blob.get("group_bounds") and node.trainer.group_bounds is not None:
             node.trainer.optimizer.set_bounds(list(blob["group_bounds"]))
+        _load_seed(cfg, node, blob)
         if node.classifier is not None and "C" in blob:
             node.classifier.C.load_state_dict(blob["C"])
             node.classifier.optimizer.original_optimizer.load_state_dict(blob["c_opt"])

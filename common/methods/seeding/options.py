@@ -16,7 +16,9 @@ INIT_RELEASE_HELP = (
     "seed stage: " + NONE + ", or the one-shot release ({seeds}) every client makes first, through the run's "
     "channel (secure sums with --secure-aggregation); the server fits the GAN's generator to it and trains a "
     "critic on that generator's samples, and the GAN starts from both (these GANs do: {takers}). Each client's "
-    "ledger composes both stages; --target-epsilon is the total and --init-epsilon the seed's share"
+    "ledger composes both stages; --target-epsilon is the total and --init-epsilon the seed's share. dpgan's "
+    "curator, which pools the data, makes the release itself in its first round, example-level (sensitivity 1 "
+    "on the pooled feature sum), fits G to it and composes it first in its ledger; its D starts from scratch"
 )
 
 

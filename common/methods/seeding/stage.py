@@ -15,6 +15,7 @@ from common.channels import channel_for
 from common.options import check
 from common.privacy import PrivacyEvent
 
+from . import pooled
 from .options import NONE
 
 if TYPE_CHECKING:
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 
 def seeded(cfg: ExperimentConfig) -> bool:
     return cfg.init_release != NONE
+
+
+def federated(cfg: ExperimentConfig) -> bool:
+    """A seed stage of its own run over the federation (``server/seeded.py``), before the run's; not
+    one a curator makes in the run's first round (``pooled``: a method that pools the data)."""
+    return seeded(cfg) and not pooled.pools_data(cfg)
 
 
 def seed_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -58,6 +65,8 @@ def seed_events(cfg: ExperimentConfig) -> list[PrivacyEvent]:
     run's channel, at the calibrated noise (none before the calibration or without a seed)."""
     if not seeded(cfg) or cfg.init_noise_multiplier <= 0:
         return []
+    if pooled.pools_data(cfg):  # the curator's release, example-level
+        return [pooled.seed_event(cfg)]
     first = seed_config(cfg)
     spec = _seed_method(cfg).release_spec(first)
     return [channel_for(first).events(first, spec)[0]]
@@ -65,6 +74,8 @@ def seed_events(cfg: ExperimentConfig) -> list[PrivacyEvent]:
 
 def calibrate_seed(cfg: ExperimentConfig, *, pooled_size: int | None) -> ExperimentConfig:
     """``cfg`` with the seed release's noise set for ``init_epsilon`` (``init_noise_multiplier``)."""
+    if pooled.pools_data(cfg):
+        return pooled.calibrate(cfg)
     seed_method = _seed_method(cfg)
     first = seed_method.calibrate(seed_config(cfg.replace(init_noise_multiplier=0.0)), pooled_size=pooled_size)
     noise = getattr(first, seed_method.release_spec(first).noise_field)
@@ -92,4 +103,6 @@ def check_run(cfg: ExperimentConfig, run_method: Method) -> None:
         f"strategy {cfg.strategy}'s per-client epsilon is unbounded in the clear, so nothing composes with a "
         "seed's: add --secure-aggregation",
     )
+    if pooled.pools_data(cfg):
+        pooled.check_run(cfg)
     seed_config(cfg)

@@ -12,7 +12,7 @@ from common.learning.models import build_generator
 from common.methods import ExperimentConfig, calibrate
 from common.methods.gswgan.privacy import release_spec
 from common.methods.seeding import SeedAnchor, SeedStart, seed_config, seed_events, server_critic
-from common.privacy import PrivacyLedger
+from common.privacy import PrivacyEvent, PrivacyLedger
 
 
 def cfg(**changes) -> ExperimentConfig:
@@ -64,7 +64,8 @@ def test_the_seed_stage_is_the_seed_methods_run_at_its_share():
         (dict(init_epsilon=0.0), "init_epsilon"),
         (dict(target_epsilon=0.0), "target_epsilon"),
         (dict(init_release="merf"), "init_release"),
-        (dict(strategy="dpgan"), "init_release"),  # its unit is the example
+        # DPGAN's curator reads the pooled size from the release's count coordinate (seeding/pooled.py)
+        (dict(strategy="dpgan", merf_count_share=0.0), "merf_count_share"),
         (dict(strategy="dp-merf"), "init_release"),
         (dict(strategy="fedavg-gan", fedavg_g_optimizer="adam"), "init_release"),  # unbounded in the clear
         # the anchor's gradient, unscaled by SGD, collapsed the seed (issue 42's measurement)
@@ -122,3 +123,20 @@ def test_the_server_critic_is_derived_the_same_way_twice():
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
     fresh = server_critic(c.replace(init_critic_steps=0), _start(c), 10)
     assert any(not torch.equal(one[k], fresh[k]) for k in one)  # the steps moved it
+
+
+def test_dpgans_calibration_spends_the_total_on_its_curators_seed_and_dp_sgd():
+    """DPGAN's seed is its curator's release, example-level (``seeding/pooled.py``): one Gaussian at
+    the seed's share, then σ for DP-SGD's steps composed after it, at least the σ without a seed."""
+    seeded = calibrate(cfg(strategy="dpgan", dpgan_batch_size=64, dpgan_n_d=5, steps=300), pooled_size=6000)
+    alone = calibrate(seeded.replace(init_release="none", init_epsilon=0.0), pooled_size=6000)
+    (seed,) = seed_events(seeded)
+    assert seed.sample_rate == 1.0 and seed.noise_multiplier == seeded.init_noise_multiplier
+    assert PrivacyLedger([seed]).epsilon(delta=seeded.delta) == pytest.approx(2.0, rel=1e-3)
+    q, steps = 64 / 6000, 300 * 5
+    dp_sgd = PrivacyEvent(
+        noise_multiplier=seeded.dpgan_noise_multiplier, sample_rate=q, count=steps, sampling="poisson"
+    )
+    total = PrivacyLedger([seed, dp_sgd]).epsilon(delta=seeded.delta)
+    assert 9.9 < total <= 10.0
+    assert seeded.dpgan_noise_multiplier > alone.dpgan_noise_multiplier  # the seed's share is paid for
