@@ -46,6 +46,9 @@ class Dpgan(MethodBase):
     ) -> ExperimentConfig:
         return privacy.calibrate(cfg, pooled_size=pooled_size, prior=prior)
 
+    def schedule_notes(self, cfg: ExperimentConfig) -> list[str]:
+        return [note] if (note := privacy.seed_round_note(cfg)) else []
+
     def check_sizes(self, cfg: ExperimentConfig, sizes: list[int]) -> None:
         privacy.check_sizes(cfg, sizes)
 
