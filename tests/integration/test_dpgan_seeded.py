@@ -174,17 +174,8 @@ def curator_ledger(out: Path) -> PrivacyLedger:
 
 
 def resume(out: Path) -> None:
-    cli = [
-        sys.executable,
-        "-m",
-        "simulations.cli",
-        "simulate",
-        "--resume",
-        str(out),
-        "--transport",
-        "inprocess",
-        "--no-progress",
-    ]
+    flags = ["--resume", str(out), "--transport", "inprocess", "--no-progress"]
+    cli = [sys.executable, "-m", "simulations.cli", "simulate", *flags]
     done = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
