@@ -66,10 +66,10 @@ def test_the_release_moves_by_at_most_one_when_an_example_is_added_or_removed(tm
     node = new_node(cfg)
     images, labels, classes = node.images, node.labels, num_classes_for(cfg)
     noise = torch.Generator().manual_seed(0)
-    whole = noisy_sum(cfg, images, labels, classes, noise)
+    whole = noisy_sum(cfg, seed_config(cfg), images, labels, classes, noise)
     for drop in (0, 17, len(labels) - 1):
         keep = torch.arange(len(labels)) != drop
-        change = whole - noisy_sum(cfg, images[keep], labels[keep], classes, noise)
+        change = whole - noisy_sum(cfg, seed_config(cfg), images[keep], labels[keep], classes, noise)
         assert float(change.norm()) == pytest.approx(1.0, abs=1e-4)
     # divided by its own count it is DP-MERF's labelled mean embedding, the anchor's target
     fmap = RANDOM_FOURIER.build(seed_config(cfg), "cpu")

@@ -26,7 +26,7 @@ from common.privacy import PrivacyEvent, PrivacyLedger, Sampler, noise_generator
 from common.privacy.events import VOID_NOISE_SEED
 from common.privacy.node_ledger import pooled_event
 
-from ..seeding import SeedAnchor, SeedStart, seeded
+from ..seeding import SeedAnchor, SeedStart, seed_config, seeded
 from ..seeding import pooled as pooled_seed
 from .adaptive import AdaptiveND
 from .dp_classifier import DpClassifierTrainer
@@ -176,10 +176,11 @@ def seed_stage(node: DpganNode, cfg: ExperimentConfig) -> None:
     ``noise_seed`` voids the release, as it voids the DP-SGD steps)."""
     device = node.images.device
     noise = noise_generator(None if cfg.noise_seed < 0 else cfg.noise_seed + 1, device=device)
-    release = pooled_seed.noisy_sum(cfg, node.images, node.labels, num_classes_for(cfg), noise)
+    first = seed_config(cfg)
+    release = pooled_seed.noisy_sum(cfg, first, node.images, node.labels, num_classes_for(cfg), noise)
     node.ledger.record(pooled_seed.seed_event(cfg))
     node.seed_target = pooled_seed.as_mean(cfg, release).cpu()
-    pooled_seed.fit_generator(cfg, node.generator, node.seed_target.to(device))
+    pooled_seed.fit_generator(cfg, first, node.generator, node.seed_target.to(device))
     node.anchor = seed_anchor(cfg, node.seed_target, device)
     node.seed_done = True
 

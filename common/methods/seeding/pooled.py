@@ -26,8 +26,6 @@ from common.options import check
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
 
-from . import stage
-
 if TYPE_CHECKING:
     from common.methods import ExperimentConfig
 
@@ -70,6 +68,7 @@ def check_run(cfg: ExperimentConfig) -> None:
 
 def noisy_sum(
     cfg: ExperimentConfig,
+    first: ExperimentConfig,
     images: Tensor,
     labels: Tensor,
     num_classes: int,
@@ -77,10 +76,10 @@ def noisy_sum(
     *,
     chunk: int = 4096,
 ) -> Tensor:
-    """The release itself: ``[C, row]``, the labelled feature sum plus N(0, σ_s²) per coordinate."""
+    """The release itself: ``[C, row]``, the labelled feature sum plus N(0, σ_s²) per coordinate
+    (``first``: the seed method's configuration, ``seed_config``, which names the features)."""
     from common.methods import method
 
-    first = stage.seed_config(cfg)
     fmap = method(cfg.init_release).family.build(first, images.device)
     total = torch.zeros(num_classes, fmap.dim, device=images.device)
     for start in range(0, len(labels), chunk):
@@ -98,13 +97,12 @@ def as_mean(cfg: ExperimentConfig, release: Tensor) -> Tensor:
     return release / max(pooled, 1.0)
 
 
-def fit_generator(cfg: ExperimentConfig, generator: nn.Module, target: Tensor) -> float:
+def fit_generator(cfg: ExperimentConfig, first: ExperimentConfig, generator: nn.Module, target: Tensor) -> float:
     """``init_steps`` Adam steps of ``generator`` on DP-MERF's loss to ``target``; it ends as their
     EMA (what a federated seed stage releases). Returns the last loss. Post-processing."""
     from common.methods import method
     from common.methods.dp_merf.generator import embedding_loss
 
-    first = stage.seed_config(cfg)
     fmap = method(cfg.init_release).family.build(first, target.device)
     rng = torch.Generator().manual_seed(cfg.seed)  # public: the latents
     optimizer = torch.optim.Adam(generator.parameters(), lr=first.merf_lr, betas=(0.9, 0.999))
