@@ -17,7 +17,7 @@ import numpy as np
 from common.evaluation.beside import headline_kind
 from common.evaluation.measured import SEEDED, measured_sentence
 from common.methods import ExperimentConfig, method
-from common.privacy.statement import DO_NOT_PUBLISH, epsilon_meaning
+from common.privacy.statement import DO_NOT_PUBLISH, KIND_EXAMPLE, epsilon_meaning
 
 from .release import READERS_PRIVATE
 
@@ -183,7 +183,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("run directory", summary["run_dir"]),
     ]
     if summary.get("stages"):  # a seeded run: each stage's share beside the total
-        rows.insert(5, ("ε by stage", stage_text(summary["stages"])))
+        rows.insert(5, ("ε by stage", stage_text(summary["stages"], summary["epsilon_kind"])))
     failed = [c for c in summary["clients"] if c.get("status") == "failed"]
     if failed:
         rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
@@ -203,7 +203,7 @@ def _meaning(summary: dict[str, Any], epsilon: float | None, kind: str) -> str:
     return epsilon_meaning(epsilon, delta=summary["delta"], kind=kind, measured=measured_sentence(name, epsilon))
 
 
-def stage_text(stages: list[dict[str, Any]]) -> str:
+def stage_text(stages: list[dict[str, Any]], kind: str) -> str:
     """A seeded run's shares, worst client of each (DPGAN: its curator's one ledger): "seed (dp-merf) 1
     · refinement (gswgan) 9.6 · total 10" (the total composes both in one ledger: less than the sum)."""
 
@@ -216,6 +216,5 @@ def stage_text(stages: list[dict[str, Any]]) -> str:
         else f"total {fmt(s['epsilon_max'])}"
         for s in stages
     ]
-    curator = any("curator" in s.get("accounting", "") for s in stages if s["stage"] == "total")
-    how = "one curator's example-level ledger" if curator else "worst client of each"
+    how = "one curator's example-level ledger" if kind == KIND_EXAMPLE else "worst client of each"
     return " · ".join(parts) + f"  [{how}; the total composes both in that ledger]"

@@ -31,7 +31,7 @@ from common.privacy.node_ledger import read_node_book
 from server.reporting import RunDirectory
 from simulations.cli import main
 from simulations.experiments.simulate import EXIT_BAD_INPUT, _run_flower, _run_inprocess
-from tests.helpers import ROOT, tiny_cfg, tiny_flags, wait_until
+from tests.helpers import ROOT, TINY, tiny_cfg, tiny_flags, wait_until
 
 SEEDED = dict(
     strategy="dpgan",
@@ -134,7 +134,7 @@ def test_a_seed_release_a_nodes_budget_refuses_stops_before_anything_is_released
         "the seed release and 2 more DP-SGD steps would exceed the node's epsilon budget 10" in n
         for n in summary["notes"]
     ), summary["notes"]
-    assert all(read_node_book(state, c).ledger.queries == 0 for c in range(SEEDED.get("num_clients", 3)))
+    assert all(read_node_book(state, c).ledger.queries == 0 for c in range(TINY["num_clients"]))
     assert not (state / "dpgan-node.pt").exists()
     capsys.readouterr()
 

@@ -48,8 +48,9 @@ def round_refusal(node: ClientNode, curator: DpganNode) -> str:
     would cost that client's whole partition)."""
     cfg, policy, events = node.cfg, node.policy, curator.round_events(node.cfg)
     steps = f"{events[-1].count} more DP-SGD steps"
-    what = steps if len(events) == 1 else f"the seed release and {steps}"
-    for event, name in zip(events, ["the seed release", steps][-len(events) :], strict=True):
+    names = ["the seed release"] * (len(events) - 1) + [steps]  # round_events: the seed, if any, first
+    what = " and ".join(names)
+    for event, name in zip(events, names, strict=True):
         problem = policy.check_release(event.noise_multiplier, name)
         if problem:
             return problem

@@ -180,7 +180,7 @@ def seed_stage(node: DpganNode, cfg: ExperimentConfig) -> None:
     release = pooled_seed.noisy_sum(cfg, first, node.images, node.labels, num_classes_for(cfg), noise)
     node.ledger.record(pooled_seed.seed_event(cfg))
     node.seed_target = pooled_seed.as_mean(cfg, release).cpu()
-    pooled_seed.fit_generator(cfg, first, node.generator, node.seed_target.to(device))
+    pooled_seed.fit_generator(cfg, first, node.generator, node.seed_target.to(device), num_classes_for(cfg))
     node.anchor = seed_anchor(cfg, node.seed_target, device)
     node.seed_done = True
 

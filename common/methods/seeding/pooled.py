@@ -9,8 +9,8 @@ Frobenius norm) and adds N(0, σ_s²) to every coordinate: one Gaussian mechanis
 σ_s under add/remove, the neighbouring relation of the DP-SGD steps that follow, composed with them in
 the curator's one ledger. The release is then normalized by its own noisy count (its count coordinate:
 post-processing) into the labelled mean embedding a federated seed's target is, G is fitted to it, and
-the run's generator keeps fitting it (``SeedAnchor``). Measured against a client-level seed at the
-same ε, the noise on the mean is the pooled size N times smaller (sensitivity 1/N instead of 2S).
+the run's generator keeps fitting it (``SeedAnchor``). Derived, not measured: the noise on that mean is
+σ_s/N per coordinate, where one client's release in the clear carries 2σS.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ def pools_data(cfg: ExperimentConfig) -> bool:
     """Whether the run's method pools every partition on a curator (its seed is made there)."""
     from common.methods import method
 
-    return bool(getattr(method(cfg.strategy), "pools_data", False))
+    return method(cfg.strategy).pools_data
 
 
-def seed_event(cfg: ExperimentConfig, noise_multiplier: float | None = None) -> PrivacyEvent:
+def seed_event(cfg: ExperimentConfig) -> PrivacyEvent:
     """The curator's seed release: one Gaussian, sensitivity 1, std σ_s (``init_noise_multiplier``)."""
-    sigma = cfg.init_noise_multiplier if noise_multiplier is None else noise_multiplier
-    return PrivacyEvent(noise_multiplier=sigma, sample_rate=1.0, void=VOID_NOISE_SEED if cfg.noise_seed >= 0 else "")
+    void = VOID_NOISE_SEED if cfg.noise_seed >= 0 else ""
+    return PrivacyEvent(noise_multiplier=cfg.init_noise_multiplier, sample_rate=1.0, void=void)
 
 
 def calibrate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -97,26 +97,25 @@ def as_mean(cfg: ExperimentConfig, release: Tensor) -> Tensor:
     return release / max(pooled, 1.0)
 
 
-def fit_generator(cfg: ExperimentConfig, first: ExperimentConfig, generator: nn.Module, target: Tensor) -> float:
-    """``init_steps`` Adam steps of ``generator`` on DP-MERF's loss to ``target``; it ends as their
-    EMA (what a federated seed stage releases). Returns the last loss. Post-processing."""
+def fit_generator(
+    cfg: ExperimentConfig, first: ExperimentConfig, generator: nn.Module, target: Tensor, num_classes: int
+) -> float:
+    """``init_steps`` steps of DP-MERF's own fit (``MerfGenerator``: Adam on its loss, its EMA), started
+    from ``generator``'s weights; ``generator`` ends as their EMA (what a federated seed stage releases).
+    Returns the last loss. Post-processing."""
     from common.methods import method
-    from common.methods.dp_merf.generator import embedding_loss
+    from common.methods.dp_merf.generator import MerfGenerator
 
-    fmap = method(cfg.init_release).family.build(first, target.device)
-    rng = torch.Generator().manual_seed(cfg.seed)  # public: the latents
-    optimizer = torch.optim.Adam(generator.parameters(), lr=first.merf_lr, betas=(0.9, 0.999))
-    ema = GeneratorEMA(generator, decay=cfg.ema_decay)
-    loss = torch.zeros(())
-    generator.train()
+    with torch.random.fork_rng(devices=[]):  # its construction reseeds torch: the curator's RNG stays
+        fitter = MerfGenerator(first, num_classes, method(cfg.init_release).family)
+    fitter.model.load_state_dict(generator.state_dict())
+    fitter.ema = GeneratorEMA(fitter.model, decay=first.ema_decay)
+    fitter.set_mean(target, 1)
+    loss = 0.0
     for _ in range(cfg.init_steps):
-        loss = embedding_loss(generator, fmap, target, first, rng)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        ema.update(generator)
-    generator.load_state_dict(ema.module.state_dict())
-    return float(loss.detach())
+        loss = fitter.step()
+    generator.load_state_dict(fitter.ema.module.state_dict())
+    return loss
 
 
 __all__ = [
