@@ -216,5 +216,6 @@ def stage_text(stages: list[dict[str, Any]], kind: str) -> str:
         else f"total {fmt(s['epsilon_max'])}"
         for s in stages
     ]
-    how = "one curator's example-level ledger" if kind == KIND_EXAMPLE else "worst client of each"
-    return " · ".join(parts) + f"  [{how}; the total composes both in that ledger]"
+    if kind == KIND_EXAMPLE:  # DPGAN: one curator's ledger holds both
+        return " · ".join(parts) + "  [one curator's example-level ledger; the total composes both in it]"
+    return " · ".join(parts) + "  [worst client of each; the total composes both in each client's ledger]"
