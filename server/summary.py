@@ -183,7 +183,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("run directory", summary["run_dir"]),
     ]
     if summary.get("stages"):  # a seeded run: each stage's share beside the total
-        rows.insert(5, ("ε by stage", stage_text(summary["stages"], summary["epsilon_kind"])))
+        rows.insert(5, ("ε by stage", stage_text(summary["stages"], summary.get("epsilon_kind", ""))))
     failed = [c for c in summary["clients"] if c.get("status") == "failed"]
     if failed:
         rows.insert(4, ("failed clients", "; ".join(f"{c['client_id']} ({c['failure']})" for c in failed)))
