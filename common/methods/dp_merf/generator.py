@@ -35,6 +35,12 @@ class MerfGenerator:
     def shape(self) -> tuple[int, int]:
         return (self.num_classes, self.fmap.dim)
 
+    def start_from(self, weights: dict[str, Tensor]) -> None:
+        """G's weights from elsewhere (a curator's G that a seed is fitted from), its EMA restarted at
+        them: the EMA the construction made tracks the discarded initial weights."""
+        self.model.load_state_dict(weights)
+        self.ema = GeneratorEMA(self.model, decay=self.cfg.ema_decay)
+
     def set_target(self, releases: list[Tensor]) -> None:
         """The target: the mean of the accepted noisy summaries (the count is public to the server)."""
         self.set_mean(torch.stack(releases).mean(dim=0), len(releases))

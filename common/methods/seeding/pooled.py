@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from common.calibration import ledger_epsilon, smallest_noise
-from common.learning.models import GeneratorEMA
 from common.options import check
 from common.privacy import PrivacyEvent
 from common.privacy.events import VOID_NOISE_SEED
@@ -108,8 +107,7 @@ def fit_generator(
 
     with torch.random.fork_rng(devices=[]):  # its construction reseeds torch: the curator's RNG stays
         fitter = MerfGenerator(first, num_classes, method(cfg.init_release).family)
-    fitter.model.load_state_dict(generator.state_dict())
-    fitter.ema = GeneratorEMA(fitter.model, decay=first.ema_decay)
+    fitter.start_from(generator.state_dict())
     fitter.set_mean(target, 1)
     loss = 0.0
     for _ in range(cfg.init_steps):
