@@ -105,6 +105,7 @@ class ComposeDeployment:
         self.files = (compose.BASE_FILE, compose.TLS_FILE) if tls else (compose.BASE_FILE,)
         sh("docker-compose", *self._file_args(), "up", "-d", env=self.env)
         self._wait_for_superlink(timeout_s=120)
+        self._wait_for_nodes(int(env_file()["NUM_CLIENTS"]), timeout_s=300)
 
     def _wait_for_superlink(self, timeout_s: float) -> None:
         """`up -d` returns once the containers exist; the SuperLink answers `flwr ls` a few seconds
@@ -118,6 +119,25 @@ class ComposeDeployment:
                 if time.monotonic() > deadline:
                     raise ComposeError(f"the SuperLink did not answer within {timeout_s:.0f} s: {err}") from err
                 time.sleep(1.0)
+
+    def _wait_for_nodes(self, count: int, timeout_s: float) -> None:
+        """Until ``count`` SuperNodes are online (`flwr supernode list`): a run started before they
+        are waits for them only as long as the ServerApp's node wait (120 s), which a loaded machine
+        starting six containers and a TLS handshake each can exceed."""
+        deadline = time.monotonic() + timeout_s
+        seen = "nothing yet"
+        while True:
+            try:
+                nodes = flwr_json(("supernode", "list", self.federation, "--format", "json"), env=self.env, timeout=60)
+                statuses = {n["node-id"]: n["status"] for n in nodes["nodes"]}
+                if sum(s == "online" for s in statuses.values()) >= count:
+                    return
+                seen = f"the SuperNodes' statuses {statuses}"
+            except DeployError as err:
+                seen = f"flwr supernode list failed: {err}"
+            if time.monotonic() > deadline:
+                raise ComposeError(f"{count} SuperNodes were not online within {timeout_s:.0f} s; last {seen}")
+            time.sleep(1.0)
 
     def flwr_ls(self) -> list[dict]:
         """`flwr ls <federation> --format json`: the runs."""
@@ -144,9 +164,30 @@ class ComposeDeployment:
             env=self.env,
         )
         runs = self.flwr_ls()
-        summary = json.loads((self.runs / name / "summary.json").read_text())
+        path = self.runs / name / "summary.json"
+        if not path.is_file():
+            raise ComposeError(self._why_no_summary(name, runs))
+        summary = json.loads(path.read_text())
         summary["flwr_status"] = [r["status"] for r in runs]
         return summary
+
+    def _why_no_summary(self, name: str, runs: list[dict]) -> str:
+        """A run that wrote no summary failed inside the ServerApp or a ClientApp: what `flwr run
+        --stream` printed, Flower's status of each run and the apps' container logs, so the failure
+        names its cause instead of a missing file."""
+        logs = []
+        for service in ("serverapp", *(f"clientapp-{i}" for i in range(1, 4))):
+            try:
+                out = sh(
+                    "docker-compose", *self._file_args(), "logs", "--no-color", "--tail", "40", service, env=self.env
+                )
+            except (ComposeError, subprocess.TimeoutExpired) as err:
+                out = f"(no logs: {err})"
+            logs.append(f"--- {service} ---\n{out[-2500:]}")
+        return (
+            f"run {name!r} wrote no summary.json; Flower's runs: {[(r.get('run-id'), r['status']) for r in runs]}\n"
+            f"flwr run --stream printed:\n{(self.stream or '')[-4000:]}\n" + "\n".join(logs)
+        )
 
     def dataplane_run_config(self) -> str:
         """The data plane's run-config keys for the files in use (the headers' run configs)."""
@@ -240,6 +281,7 @@ class ComposeAcrossHosts(ComposeDeployment):
         for key in sorted((self.hosts / "server").glob("supernode-*.pub")):
             flwr_json(("supernode", "register", str(key), self.ACROSS, "--format", "json"), env=self.env)
         sh("docker-compose", "-f", compose_hosts.NODES_FILE, "up", "-d", env=self.nodes_env)
+        self._wait_for_nodes(self.num_nodes, timeout_s=300)
 
     def dataplane_run_config(self) -> str:
         from . import compose_hosts
