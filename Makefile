@@ -40,7 +40,7 @@ test: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 # The documentation site (mkdocs.yml, docs/) into site/, offline: --strict fails on a broken link or anchor and on a
 # page left out of the nav; the CLI reference and option tables are generated from the parsers (docs/hooks.py).
