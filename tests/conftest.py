@@ -61,6 +61,27 @@ def allow_nonprivate(tmp_path, monkeypatch):
 COMPOSE_TEST = "tests/deployment/test_compose_up.py"
 
 
+@pytest.fixture
+def one_deployment_at_a_time():
+    """Held for a whole test that starts a deployment of its own (a SuperLink, SuperNodes, ServerApp
+    and ClientApp processes or containers): across pytest-xdist workers, one such test runs at a
+    time. Two of them side by side on two cores starved Flower's heartbeats (every 30 s, the run
+    failed after 60 s without one): here the compose test's run ended `finished:failed`, its
+    ClientApps answered 401 by their SuperNodes (CI's failure, a run without a summary, named no
+    cause; this is the likeliest). A lock file beside the session's engine
+    directory, which every worker names alike (``pytest_configure`` sets it before xdist starts)."""
+    import fcntl
+
+    from tests.compose_engine import state_dir
+
+    with open(f"{state_dir()}.deployments.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")  # a pytest-xdist worker
 

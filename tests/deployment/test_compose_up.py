@@ -30,7 +30,7 @@ from simulations.deploy.compose_run import ComposeAcrossHosts, ComposeDeployment
 from tests import compose_engine
 from tests.helpers import ROOT, flags
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_deployment_at_a_time")]
 BIN = Path(sys.executable).parent
 # Tiny, uncompressed (message sizes do not depend on the values) and the server's sampling repeated
 # (testing flag), so the simulation asks the same clients at the same steps as the deployment.

@@ -27,7 +27,7 @@ from simulations.deploy.run import run_on_deployment
 from tests.helpers import ROOT, tiny_flags, wait_until
 
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_deployment_at_a_time")]
 
 # Uncompressed wire: the deployment and the simulation draw different (cryptographic) noise, and only
 # uncompressed messages have sizes that do not depend on the values they carry. The server's client

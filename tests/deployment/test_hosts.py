@@ -20,6 +20,7 @@ from simulations.deploy.side_by_side import latency_ratio, run_side_by_side, sho
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("one_deployment_at_a_time"),
     pytest.mark.skipif(not netns.available(), reason="network namespaces need root and iproute2's `ip`"),
 ]
 NODES = 3

@@ -19,7 +19,7 @@ from simulations.cli import main
 from tests.helpers import tiny_flags
 from tests.ray_cluster import two_node_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_deployment_at_a_time")]
 
 # Two clients a step in two actors: every step needs both of the cluster's one-CPU nodes at once.
 # A fixed noise seed (allowed by the nodes' policy, which must reach the cluster's actors) and
