@@ -27,7 +27,9 @@ from simulations.deploy.run import run_on_deployment
 from tests.helpers import ROOT, tiny_flags, wait_until
 
 BIN = Path(sys.executable).parent
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_deployment_at_a_time")]
+pytestmark = pytest.mark.slow
+# each test below but test_descendants_finds_a_grandchild starts a deployment of its own
+DEPLOYMENT = pytest.mark.usefixtures("one_deployment_at_a_time")
 
 # Uncompressed wire: the deployment and the simulation draw different (cryptographic) noise, and only
 # uncompressed messages have sizes that do not depend on the values they carry. The server's client
@@ -53,6 +55,7 @@ def assert_all_stopped(pids: list[int]) -> None:
         assert proc is None or not alive(proc), f"process {pid} left running"
 
 
+@DEPLOYMENT
 def test_deploy_completes_with_the_simulations_bytes_and_epsilon(tmp_path):
     run_dir = tmp_path / "deployed"
     # Flower's message path: its counters see every message, so they can be checked against ours.
@@ -86,6 +89,7 @@ def test_deploy_completes_with_the_simulations_bytes_and_epsilon(tmp_path):
     json_format.ParseDict(summary, pb.RunSummary())  # the deployment section is part of the schema
 
 
+@DEPLOYMENT
 def test_tls_and_auth_reject_an_unregistered_supernode(tmp_path):
     """Registered nodes connect and run; a node with an unregistered key is refused. Where namespaces
     can be made, every SuperNode runs in its own, so the traffic crosses veth interfaces."""
@@ -132,6 +136,7 @@ def netns_list() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+@DEPLOYMENT
 def test_a_supernode_killed_mid_run_is_dropped_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
@@ -206,6 +211,7 @@ def test_descendants_finds_a_grandchild():
         proc.wait()
 
 
+@DEPLOYMENT
 def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     """Each SuperNode pins its policy in its node config (`--node-policy`): a server that asks for
     less noise than the nodes' minimum is refused at the hello, before anything is released, and
@@ -241,6 +247,7 @@ def test_supernodes_pinning_a_policy_refuse_a_server_asking_for_less(tmp_path):
     assert_all_stopped(started_pids(run_dir))
 
 
+@DEPLOYMENT
 def test_a_secure_sum_runs_over_the_deployments_data_plane_as_in_the_simulation(tmp_path):
     """DP-MERF through a secure sum in a real local deployment: SuperLink, three SuperNodes with the
     identities `deploy --local` provisions, and the four rounds over the data plane's streams, each
