@@ -74,12 +74,9 @@ def one_deployment_at_a_time():
 
     from tests.compose_engine import state_dir
 
-    with open(f"{state_dir()}.deployments.lock", "a") as lock:
+    with open(f"{state_dir()}.deployments.lock", "a") as lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def _is_worker(config) -> bool:

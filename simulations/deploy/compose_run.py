@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,22 @@ FLOWER_UID = 49999  # Flower's images run as this user: the runs directory and s
 
 class ComposeError(RuntimeError):
     """A compose, flwr or docker command failed; the message holds its output."""
+
+
+def poll(check: Callable[[], tuple[bool, str]], timeout_s: float, what: str) -> None:
+    """Call ``check`` every second until it says done; ComposeError after ``timeout_s`` naming
+    ``what`` and the last thing seen (its answer, or the DeployError it raised)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, seen = check()
+        except DeployError as err:
+            done, seen = False, str(err)
+        if done:
+            return
+        if time.monotonic() > deadline:
+            raise ComposeError(f"waited {timeout_s:.0f} s for {what}; last: {seen}")
+        time.sleep(1.0)
 
 
 def sh(*args: str | Path, env: dict[str, str], timeout: float = 600) -> str:
@@ -98,46 +115,37 @@ class ComposeDeployment:
     def up(self, *, tls: bool) -> None:
         """`docker-compose [-f base -f tls] up -d`; with TLS, certificates are generated first (a
         missing mounted file would become a directory) and server.key given to uid 49999."""
+        num_nodes = int(env_file()["NUM_CLIENTS"])
         if tls:
             sh("bash", ROOT / "deploy/certs/generate.sh", self.certs, env=dict(self.env, KEY_BITS="2048"))
             os.chown(self.certs / "server.key", FLOWER_UID, FLOWER_UID)
-            identities.make(self.certs / "secagg", int(env_file()["NUM_CLIENTS"]), owner=FLOWER_UID)
+            identities.make(self.certs / "secagg", num_nodes, owner=FLOWER_UID)
         self.files = (compose.BASE_FILE, compose.TLS_FILE) if tls else (compose.BASE_FILE,)
         sh("docker-compose", *self._file_args(), "up", "-d", env=self.env)
         self._wait_for_superlink(timeout_s=120)
-        self._wait_for_nodes(int(env_file()["NUM_CLIENTS"]), timeout_s=300)
+        self._wait_for_nodes(num_nodes, timeout_s=300)
 
     def _wait_for_superlink(self, timeout_s: float) -> None:
         """`up -d` returns once the containers exist; the SuperLink answers `flwr ls` a few seconds
         later (the documented `flwr run` right after `up` would otherwise find nothing listening)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.flwr_ls()
-                return
-            except DeployError as err:
-                if time.monotonic() > deadline:
-                    raise ComposeError(f"the SuperLink did not answer within {timeout_s:.0f} s: {err}") from err
-                time.sleep(1.0)
+
+        def answers() -> tuple[bool, str]:
+            self.flwr_ls()  # DeployError until it listens
+            return True, ""
+
+        poll(answers, timeout_s, "the SuperLink to answer `flwr ls`")
 
     def _wait_for_nodes(self, count: int, timeout_s: float) -> None:
         """Until ``count`` SuperNodes are online (`flwr supernode list`): a run started before they
         are waits for them only as long as the ServerApp's node wait (120 s), which a loaded machine
         starting six containers and a TLS handshake each can exceed."""
-        deadline = time.monotonic() + timeout_s
-        seen = "nothing yet"
-        while True:
-            try:
-                nodes = flwr_json(("supernode", "list", self.federation, "--format", "json"), env=self.env, timeout=60)
-                statuses = {n["node-id"]: n["status"] for n in nodes["nodes"]}
-                if sum(s == "online" for s in statuses.values()) >= count:
-                    return
-                seen = f"the SuperNodes' statuses {statuses}"
-            except DeployError as err:
-                seen = f"flwr supernode list failed: {err}"
-            if time.monotonic() > deadline:
-                raise ComposeError(f"{count} SuperNodes were not online within {timeout_s:.0f} s; last {seen}")
-            time.sleep(1.0)
+
+        def online() -> tuple[bool, str]:
+            nodes = flwr_json(("supernode", "list", self.federation, "--format", "json"), env=self.env, timeout=60)
+            statuses = {n["node-id"]: n["status"] for n in nodes["nodes"]}
+            return sum(s == "online" for s in statuses.values()) >= count, f"statuses {statuses}"
+
+        poll(online, timeout_s, f"{count} SuperNodes online")
 
     def flwr_ls(self) -> list[dict]:
         """`flwr ls <federation> --format json`: the runs."""
@@ -175,19 +183,23 @@ class ComposeDeployment:
         """A run that wrote no summary failed inside the ServerApp or a ClientApp: what `flwr run
         --stream` printed, Flower's status of each run and the apps' container logs, so the failure
         names its cause instead of a missing file."""
-        logs = []
-        for service in ("serverapp", *(f"clientapp-{i}" for i in range(1, 4))):
-            try:
-                out = sh(
-                    "docker-compose", *self._file_args(), "logs", "--no-color", "--tail", "40", service, env=self.env
-                )
-            except (ComposeError, subprocess.TimeoutExpired) as err:
-                out = f"(no logs: {err})"
-            logs.append(f"--- {service} ---\n{out[-2500:]}")
         return (
             f"run {name!r} wrote no summary.json; Flower's runs: {[(r.get('run-id'), r['status']) for r in runs]}\n"
-            f"flwr run --stream printed:\n{(self.stream or '')[-4000:]}\n" + "\n".join(logs)
+            f"flwr run --stream printed:\n{self.stream[-4000:]}\n--- containers, last 40 lines each ---\n"
+            + "\n".join(self._logs(compose_args, env) for compose_args, env in self._projects())
         )
+
+    def _projects(self) -> list[tuple[list[str], dict[str, str]]]:
+        """Each compose project's file arguments and environment (one here; two across hosts)."""
+        return [(self._file_args(), self.env)]
+
+    @staticmethod
+    def _logs(compose_args: list[str], env: dict[str, str]) -> str:
+        """The last lines of every service's log in one project (kept short: they go in an error)."""
+        try:
+            return sh("docker-compose", *compose_args, "logs", "--no-color", "--tail", "40", env=env)[-8000:]
+        except (ComposeError, subprocess.TimeoutExpired) as err:
+            return f"(no logs: {err})"
 
     def dataplane_run_config(self) -> str:
         """The data plane's run-config keys for the files in use (the headers' run configs)."""
@@ -282,6 +294,11 @@ class ComposeAcrossHosts(ComposeDeployment):
             flwr_json(("supernode", "register", str(key), self.ACROSS, "--format", "json"), env=self.env)
         sh("docker-compose", "-f", compose_hosts.NODES_FILE, "up", "-d", env=self.nodes_env)
         self._wait_for_nodes(self.num_nodes, timeout_s=300)
+
+    def _projects(self) -> list[tuple[list[str], dict[str, str]]]:
+        from . import compose_hosts
+
+        return [*super()._projects(), (["-f", compose_hosts.NODES_FILE], self.nodes_env)]
 
     def dataplane_run_config(self) -> str:
         from . import compose_hosts
