@@ -41,6 +41,7 @@ __all__ = ["NodeRefused", "run_experiment"]
 class LoopState:
     step: int = 0
     wall_s: float = 0.0
+    prior_wall_s: float = 0.0  # spent before this run on what it starts from (``PriorReleases.wall_s``)
     comm: CommCounter = field(default_factory=CommCounter)
     exhausted: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
@@ -78,6 +79,7 @@ def run_experiment(
     """
     strategy = build_strategy(cfg, num_classes_for(cfg), prior)
     state = _restore(run, strategy) if resume else LoopState()
+    state.prior_wall_s = prior.wall_s if prior is not None else 0.0
     nodes = transport.node_ids(cfg.num_clients)
     if len(nodes) != cfg.num_clients:
         raise RuntimeError(f"the federation has {len(nodes)} nodes but num_clients={cfg.num_clients}")
@@ -366,6 +368,7 @@ def _finish(
         steps_completed=state.step,
         comm=state.comm.summary(),
         wall_s=state.wall_s,
+        prior_wall_s=state.prior_wall_s,
         step_times=state.step_times,
         failures=state.failures,
         notes=state.notes,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from common.data import num_classes_for
@@ -139,14 +140,22 @@ def seed_prior(
     )
     amplified = report.get("epsilon_amplified", {})
     beside = PrivacyLedger.from_state_dict(amplified["ledger"]) if amplified.get("ledger") else None
+    start = seed_start(cfg, run, first_run)
     return PriorReleases(
         beside=beside,
         clients=clients,
         server=[event] if event is not None else [],
         description=description,
-        start=seed_start(cfg, run, first_run),
+        start=start,
         stages=share,
+        wall_s=_seed_wall_s(first_run) + start.derive_s,
     )
+
+
+def _seed_wall_s(first_run: RunDirectory) -> float:
+    """Stage 1's own wall time, as its summary.json states it (0 when it says none)."""
+    summary = completed_summary(first_run) or {}
+    return float(summary.get("wall_s") or 0.0)
 
 
 def seed_start(cfg: ExperimentConfig, run: RunDirectory, first_run: RunDirectory) -> SeedStart:
@@ -158,12 +167,14 @@ def seed_start(cfg: ExperimentConfig, run: RunDirectory, first_run: RunDirectory
             return SeedStart.from_state_dict(load_tensors(path))
         except Exception as err:  # noqa: BLE001 - derived, not precious: derive it again
             print(f"fedgan: {path} unreadable ({type(err).__name__}); derived again from the seed stage")
+    began = time.monotonic()
     try:
         start = start_from_checkpoint(first_run.load_checkpoint())
     except (KeyError, ValueError) as err:
         raise RunDirectoryError(f"{first_run.path}: the seed stage left no generator to start from ({err})") from err
     if cfg.init_critic_steps:
         start.critic = server_critic(cfg, start, num_classes_for(cfg))
+    start.derive_s = time.monotonic() - began
     save_tensors(start.state_dict(), path)  # atomic
     return start
 

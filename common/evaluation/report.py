@@ -197,6 +197,14 @@ def _duration(seconds: Any) -> str:
     )
 
 
+def _before(wall: Any, before: Any) -> str:
+    """A seeded run's whole wall time beside its loop's: stage 1 and the server's critic came first."""
+    w, b = finite_or_none(wall), finite_or_none(before)
+    if not b or w is None:
+        return ""
+    return f"; {_duration(w + b)} with the seed stage and its critic ({_duration(b)})"
+
+
 def headline_rows(summary: dict) -> list[tuple[str, str]]:
     """(label, value) rows of the run's headline table."""
     delta = summary.get("delta")
@@ -232,7 +240,7 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
             f"down {_bytes(comm.get('bytes_down_total'))} · up {_bytes(comm.get('bytes_up_total'))}"
             + (f" · wire dtype {get('wire_dtype')}" if get("wire_dtype") else ""),
         ),
-        ("wall time", _duration(get("wall_s"))),
+        ("wall time", _duration(get("wall_s")) + _before(get("wall_s"), get("prior_wall_s"))),
         ("run directory", str(get("run_dir", "n/a"))),
     ]
     return rows

@@ -45,6 +45,9 @@ class PriorReleases:
     start: Any = None
     beside: PrivacyLedger | None = None  # stage 1's ledger behind the figure beside its headline (deviating server)
     stages: dict[str, Any] = field(default_factory=dict)
+    # Wall seconds spent before this run on what it starts from (a seed stage's run and the server's
+    # critic), so the run's reports can say what the whole thing took, not only its own loop.
+    wall_s: float = 0.0
 
 
 @dataclass

@@ -271,3 +271,21 @@ def test_a_seeded_run_stopped_by_a_signal_in_its_seed_stage_exits_130(tmp_path):
     assert proc.returncode == 130, output
     assert json.loads((out / "seed" / "summary.json").read_text())["status"] == "interrupted"
     assert f"--resume {out}" in output and not (out / "checkpoint.pt").exists()
+
+
+def test_the_summary_counts_the_seed_stages_wall_time(tmp_path, capsys):
+    """Stage 2's loop alone would understate what the run took: summary.json adds stage 1's wall time
+    and the server's critic (kept in seed_start.pt for a resume), and the table prints both."""
+    out = tmp_path / "run"
+    assert main(["simulate", *seeded_flags(out=out, init_critic_steps=5)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    seed_wall = json.loads((out / "seed" / "summary.json").read_text())["wall_s"]
+    derive_s = load_tensors(out / "seed_start.pt")["derive_s"]
+    assert seed_wall > 0 and derive_s > 0
+    assert summary["prior_wall_s"] == pytest.approx(seed_wall + derive_s, abs=1e-3)
+    whole = summary["wall_s"] + summary["prior_wall_s"]
+    printed = capsys.readouterr().out
+    assert (
+        f"{whole:.1f} s with the {summary['prior_wall_s']:.1f} s before it (the seed stage and its critic)" in printed
+    )
+    assert not json.loads((out / "seed" / "summary.json").read_text())["prior_wall_s"]  # stage 1 had nothing before

@@ -37,13 +37,21 @@ class SeedStart:
     target: Tensor  # the released embedding: the mean of the accepted releases, [classes, row]
     releases: int  # how many clients' releases that mean holds
     critic: dict[str, Tensor] | None = None  # the server's critic (``server_critic``), or None
+    derive_s: float = 0.0  # wall seconds its derivation took (the critic's training), kept for a resume
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator, "target": self.target, "releases": self.releases, "critic": self.critic}
+        return {
+            "generator": self.generator,
+            "target": self.target,
+            "releases": self.releases,
+            "critic": self.critic,
+            "derive_s": self.derive_s,
+        }
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SeedStart:
-        return cls(state["generator"], state["target"], int(state["releases"]), state.get("critic"))
+        derive_s = float(state.get("derive_s", 0.0))  # absent from files written before it was kept
+        return cls(state["generator"], state["target"], int(state["releases"]), state.get("critic"), derive_s)
 
 
 def start_generator(
