@@ -14,7 +14,11 @@ A woken pass also scans only the nodes just pushed to (``_Delivery``): the in-me
 ``get_message_ins`` checks every stored message for each node it is asked about, so a pass over all
 K nodes with M messages in flight costs K·M checks, and a step that asks every client (a hello,
 DP-MERF's collection: K = M = 3,400) spent more CPU in the feeder than the clients in their work
-(12 clients/s). A pass after a wait that timed out still scans every node, as Flower's does.
+(12 clients/s). A pass after a wait that timed out (the fallback for a message pushed without a
+wake-up) asks the nodes that have an undelivered message in the in-memory store, read off the store
+itself in one cheap pass over its M messages (``_undelivered``), instead of all K: while a sum's 128
+messages were in flight, each 0.1 s poll cost K·M validations, 40% of the server's CPU in DP-MERF's
+collection from 1,000 clients. A store that does not expose its messages gets Flower's full pass.
 
 Each ClientApp call is timed where the runtime makes it (``ClientAppClock``): the runtime's worker
 threads, one per actor, take the next queued message as soon as an actor is free, so a message's
@@ -41,12 +45,15 @@ WORKER_PARAMS = ("messageins_queue", "messageres_queue", "node_info_store", "bac
 
 
 class _Delivery:
-    """Which nodes the feeder's next pass asks for messages: every node after a wait that timed out
-    (Flower's own poll), else only those pushed to and not yet delivered to. Stands in for the
+    """Which nodes the feeder's next pass asks for messages: after a wait that timed out (Flower's own
+    poll), every node with an undelivered message in the store (every node where the store cannot
+    say), else only those pushed to and not yet delivered to. Stands in for the
     feeder's ``nodes_mapping`` (it calls ``keys()`` only) and wraps its ``queue`` (``put``)."""
 
-    def __init__(self, nodes_mapping: Any, queue: Any) -> None:
-        self._all, self._queue = nodes_mapping, queue
+    def __init__(
+        self, nodes_mapping: Any, queue: Any, undelivered: Callable[[], set[int] | None] = lambda: None
+    ) -> None:
+        self._all, self._queue, self._undelivered = nodes_mapping, queue, undelivered
         self._waiting: set[int] = set()
         self._lock = threading.Lock()
         self.full_pass = True
@@ -58,7 +65,8 @@ class _Delivery:
     def keys(self) -> list[int]:
         if self.full_pass:
             self.full_pass = False
-            return list(self._all.keys())
+            pending = self._undelivered()  # None: the store cannot say, so every node is asked
+            return list(self._all.keys()) if pending is None else [n for n in self._all.keys() if n in pending]
         with self._lock:
             return list(self._waiting)
 
@@ -68,6 +76,21 @@ class _Delivery:
         with self._lock:
             self._waiting.discard(message.metadata.dst_node_id)
         self._queue.put(message)
+
+
+def _undelivered(state: Any) -> Callable[[], set[int] | None]:
+    """The nodes with a message waiting in Flower's in-memory store (``InMemoryLinkState``: its
+    ``message_ins_store`` and ``lock``), read without the per-message validation that
+    ``get_message_ins`` repeats for every node it is asked about; None for a store without them."""
+    store, lock = getattr(state, "message_ins_store", None), getattr(state, "lock", None)
+    if not isinstance(store, dict) or lock is None:
+        return lambda: None
+
+    def nodes() -> set[int]:
+        with lock:
+            return {m.metadata.dst_node_id for m in store.values() if not m.metadata.delivered_at}
+
+    return nodes
 
 
 class _WakeOnPush:
@@ -109,7 +132,7 @@ def prompt_message_delivery() -> Iterator[Callable[[Iterable[int]], None]]:
     deliveries: list[_Delivery] = []
 
     def feeder(state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event) -> None:
-        delivery = _Delivery(nodes_mapping, queue)
+        delivery = _Delivery(nodes_mapping, queue, _undelivered(state))
         deliveries.append(delivery)
         original(state, delivery, delivery, _WakeOnPush(f_stop, pushed, delivery))
 

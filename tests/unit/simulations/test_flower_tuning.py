@@ -21,6 +21,7 @@ from simulations.experiments.flower_tuning import (
     WORKER_PARAMS,
     ClientAppClock,
     _Delivery,
+    _undelivered,
     _WakeOnPush,
     clocked_client_apps,
     prompt_message_delivery,
@@ -124,6 +125,28 @@ def test_a_woken_pass_asks_only_the_nodes_pushed_to_and_a_timed_out_one_asks_all
     pushed.set()
     _WakeOnPush(stop, pushed, delivery).wait(5.0)  # woken: the next pass is a targeted one again
     assert delivery.keys() == [9]
+
+
+def test_a_timed_out_pass_asks_only_the_nodes_with_an_undelivered_message_in_the_store():
+    """With a store that exposes its messages, the fallback poll reads them in one pass instead of
+    asking all K nodes (each ask validates every stored message); a store that does not gets all."""
+
+    def message(node: int, delivered_at: str = "") -> FakeMessage:
+        m = FakeMessage(node)
+        m.metadata.delivered_at = delivered_at
+        return m
+
+    state = type("Store", (), {})()
+    state.lock = threading.RLock()
+    state.message_ins_store = {"a": message(5), "b": message(8, delivered_at="2026-12-01T00:00:00"), "c": message(12)}
+    delivery = _Delivery({n: n for n in range(1, 1001)}, Queue(), _undelivered(state))
+    assert sorted(delivery.keys()) == [5, 12]  # 8's message went out already: it is waiting on its reply
+    state.message_ins_store.clear()
+    delivery.full_pass = True
+    assert delivery.keys() == []
+    assert _undelivered(FakeState())() is None  # no store to read: Flower's full pass
+    everyone = _Delivery({n: n for n in range(1, 11)}, Queue(), _undelivered(FakeState()))
+    assert len(everyone.keys()) == 10
 
 
 def test_the_feeder_asks_only_pushed_nodes_once_woken():
