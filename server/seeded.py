@@ -98,7 +98,7 @@ def run_seeded(
         )
         if done["status"] != "completed":
             return {**done, "status": f"seed stage: {done['status']}", "run_dir": str(run.path)}
-    prior = seed_prior(cfg, run, first_run, first)
+    prior = seed_prior(cfg, run, first_run, first, seed_wall_s=float(done.get("wall_s") or 0.0))
     resume = (run.path / CHECKPOINT).is_file()
     return run_experiment(cfg, run, transport, resume=resume, transport_name=transport_name, stop=stop, prior=prior)
 
@@ -113,11 +113,17 @@ def completed_summary(first_run: RunDirectory) -> dict[str, Any] | None:
 
 
 def seed_prior(
-    cfg: ExperimentConfig, run: RunDirectory, first_run: RunDirectory, first: ExperimentConfig
+    cfg: ExperimentConfig,
+    run: RunDirectory,
+    first_run: RunDirectory,
+    first: ExperimentConfig,
+    *,
+    seed_wall_s: float = 0.0,
 ) -> PriorReleases:
     """Stage 1 as stage 2 accounts for it: each client's stage-1 ledger (from its privacy.json, the
     larger of the server's record and the client's own), one unsampled release of the federation
-    for the server's figure, the seed's share for the report, and what stage 2 starts from."""
+    for the server's figure, the seed's share for the report, and what stage 2 starts from;
+    ``seed_wall_s`` (stage 1's summary says it) and the start's derivation are the time before it."""
     report = json.loads((first_run.path / "privacy.json").read_text())
     clients = {
         int(c["client_id"]): PrivacyLedger.from_state_dict(c["ledger"]) for c in report["clients"] if c["queries"] > 0
@@ -148,14 +154,8 @@ def seed_prior(
         description=description,
         start=start,
         stages=share,
-        wall_s=_seed_wall_s(first_run) + start.derive_s,
+        wall_s=seed_wall_s + start.derive_s,
     )
-
-
-def _seed_wall_s(first_run: RunDirectory) -> float:
-    """Stage 1's own wall time, as its summary.json states it (0 when it says none)."""
-    summary = completed_summary(first_run) or {}
-    return float(summary.get("wall_s") or 0.0)
 
 
 def seed_start(cfg: ExperimentConfig, run: RunDirectory, first_run: RunDirectory) -> SeedStart:
