@@ -16,6 +16,7 @@ import numpy as np
 
 from common.evaluation.beside import headline_kind
 from common.evaluation.measured import SEEDED, measured_sentence
+from common.evaluation.report_text import wall_text
 from common.methods import ExperimentConfig, method
 from common.privacy.statement import DO_NOT_PUBLISH, KIND_EXAMPLE, epsilon_meaning
 
@@ -180,7 +181,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         (f"ε {amp.get('kind') or 'amplified'}", amp_text),
         ("bytes / step / client", f"down {per_step['down']:,.0f} · up {per_step['up']:,.0f}"),
         ("bytes total", f"down {summary['comm']['bytes_down_total']:,} · up {summary['comm']['bytes_up_total']:,}"),
-        ("wall time", wall_text(summary)),
+        ("wall time", wall_text(summary["wall_s"], summary.get("prior_wall_s"), lambda s: f"{s:.1f} s")),
         ("step latency", _latency_text(summary.get("step_latency_s") or {})),
         ("run directory", summary["run_dir"]),
     ]
@@ -193,15 +194,6 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         rows.insert(0, ("NOT PRIVATE", "; ".join(summary["not_private"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-def wall_text(summary: dict[str, Any]) -> str:
-    """The loop's wall time and, for a seeded run, the whole run's: stage 2's loop alone would
-    understate it by the seed stage (its deposits, sums and fit) and the server's critic."""
-    wall, before = summary["wall_s"], summary.get("prior_wall_s") or 0.0
-    if not before:
-        return f"{wall:.1f} s"
-    return f"{wall:.1f} s; {wall + before:.1f} s with the {before:.1f} s before it (the seed stage and its critic)"
 
 
 def _meaning(summary: dict[str, Any], epsilon: float | None, kind: str) -> str:

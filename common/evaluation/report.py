@@ -33,6 +33,7 @@ from common.evaluation.quality import classifier_scores, quality_warnings
 from common.evaluation.report_audit import audit_rows, read_audit, read_json
 from common.evaluation.report_text import escape as _e
 from common.evaluation.report_text import number as _num
+from common.evaluation.report_text import wall_text
 
 REPORT = "report.html"
 EVAL_ROWS = (  # key, label, kind of value
@@ -197,14 +198,6 @@ def _duration(seconds: Any) -> str:
     )
 
 
-def _before(wall: Any, before: Any) -> str:
-    """A seeded run's whole wall time beside its loop's: stage 1 and the server's critic came first."""
-    w, b = finite_or_none(wall), finite_or_none(before)
-    if not b or w is None:
-        return ""
-    return f"; {_duration(w + b)} with the seed stage and its critic ({_duration(b)})"
-
-
 def headline_rows(summary: dict) -> list[tuple[str, str]]:
     """(label, value) rows of the run's headline table."""
     delta = summary.get("delta")
@@ -240,7 +233,7 @@ def headline_rows(summary: dict) -> list[tuple[str, str]]:
             f"down {_bytes(comm.get('bytes_down_total'))} · up {_bytes(comm.get('bytes_up_total'))}"
             + (f" · wire dtype {get('wire_dtype')}" if get("wire_dtype") else ""),
         ),
-        ("wall time", _duration(get("wall_s")) + _before(get("wall_s"), get("prior_wall_s"))),
+        ("wall time", wall_text(get("wall_s"), get("prior_wall_s"), _duration)),
         ("run directory", str(get("run_dir", "n/a"))),
     ]
     return rows
