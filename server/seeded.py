@@ -118,7 +118,7 @@ def seed_prior(
     first_run: RunDirectory,
     first: ExperimentConfig,
     *,
-    seed_wall_s: float = 0.0,
+    seed_wall_s: float,
 ) -> PriorReleases:
     """Stage 1 as stage 2 accounts for it: each client's stage-1 ledger (from its privacy.json, the
     larger of the server's record and the client's own), one unsampled release of the federation

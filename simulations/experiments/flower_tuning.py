@@ -66,7 +66,7 @@ class _Delivery:
         if self.full_pass:
             self.full_pass = False
             pending = self._undelivered()  # None: the store cannot say, so every node is asked
-            return list(self._all.keys()) if pending is None else [n for n in self._all.keys() if n in pending]
+            return list(self._all.keys()) if pending is None else [n for n in pending if n in self._all]
         with self._lock:
             return list(self._waiting)
 
